@@ -1,0 +1,32 @@
+// reccl/config.hpp -- compiler switches, version, limits shared by host and device code.
+#pragma once
+
+#include <cstdint>
+
+#define RECCL_VERSION_MAJOR 0
+#define RECCL_VERSION_MINOR 1
+#define RECCL_VERSION_PATCH 0
+
+// RECCL_HOST_DEVICE marks policy code that both the host (CPU engine, tests, simulator) and the
+// device (kernels) call. Under a host compiler it is plain `inline`, so the policy headers build
+// and test without CUDA.
+#if defined(__CUDACC__)
+#  define RECCL_HOST_DEVICE __host__ __device__ inline
+#  define RECCL_DEVICE __device__ __forceinline__
+#  define RECCL_DEVICE_COMPILE 1
+#else
+#  define RECCL_HOST_DEVICE inline
+#  define RECCL_DEVICE inline
+#  define RECCL_DEVICE_COMPILE 0
+#endif
+
+namespace reccl {
+
+/// Most virtual topologies (VTs, channels) one collective may use. Fixed so that splits, telemetry
+/// records and epoch records are plain fixed-size structs that kernels take by value.
+inline constexpr int max_vts = 16;
+
+/// Most ranks a schedule or epoch record describes.
+inline constexpr int max_ranks = 64;
+
+}  // namespace reccl
