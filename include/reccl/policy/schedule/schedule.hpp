@@ -161,6 +161,69 @@ concept Schedule = std::is_trivially_copyable_v<S> && std::constructible_from<S,
                      s.for_each_op(rank, step, sink);
                    };
 
+// ---------------------------------------------------------------------------------------------------
+// Helpers shared by the schedules (ring.hpp, tree.hpp, one_shot.hpp, two_shot.hpp, all_to_all.hpp,
+// multirail_broadcast.hpp) and their executors.
+
+/// Outcome of checking `params` against a schedule: `ok`, or `invalid_argument` with a reason that
+/// names the offending field. Every schedule provides `static check_result check(params const&)`;
+/// a schedule built from params that do not pass its check emits an unspecified (but finite) plan.
+struct check_result {
+  status st = status::ok;
+  char const* reason = "ok";
+  RECCL_HOST_DEVICE constexpr bool ok() const { return st == status::ok; }
+};
+
+namespace detail {
+
+/// a mod n in [0, n) for any sign of a (n > 0).
+RECCL_HOST_DEVICE constexpr int mod(int a, int n) {
+  int const m = a % n;
+  return m < 0 ? m + n : m;
+}
+
+RECCL_HOST_DEVICE constexpr check_result invalid(char const* reason) { return {status::invalid_argument, reason}; }
+
+/// Checks every schedule shares: rank count, tile, root, node size and relay table shape.
+RECCL_HOST_DEVICE constexpr check_result check_common(params const& p) {
+  if (p.nranks < 1 || p.nranks > max_ranks) return invalid("params.nranks must be in [1, max_ranks]");
+  if (p.tile < 1) return invalid("params.tile must be >= 1");
+  if (p.root < 0 || p.root >= p.nranks) return invalid("params.root must be in [0, nranks)");
+  if (p.ranks_per_node < 0) return invalid("params.ranks_per_node must be >= 0 (0: one node)");
+  if (p.n_relays < 0 || p.n_relays > max_relays) return invalid("params.n_relays must be in [0, max_relays]");
+  return {};
+}
+
+}  // namespace detail
+
+/// True when S describes some chunks with its own member
+/// `for_each_piece(buffer, int chunk, block, std::uint64_t count, F&&)` instead of `chunks(buf)`
+/// alone (all_to_all with relays splits one segment into a direct head and a relayed tail).
+template <class S>
+concept HasOwnPieces = requires(S const s, buffer b, int c, block blk, std::uint64_t count,
+                                void (*f)(std::uint64_t, std::uint64_t)) { s.for_each_piece(b, c, blk, count, f); };
+
+/// The pieces of chunk `c` of buffer `b` of schedule `s`, restricted to block `blk`, in stream
+/// order: f(offset, length) with element offsets into the buffer. Executors call this (not
+/// for_each_piece(s.chunks(b), ...)) so that schedules with their own chunk layout work too; for
+/// every other schedule it is exactly for_each_piece(s.chunks(b), c, blk, count, f).
+template <class S, class F>
+RECCL_HOST_DEVICE constexpr void for_each_piece(S const& s, buffer b, int c, block blk, std::uint64_t count, F&& f) {
+  if constexpr (HasOwnPieces<S>) {
+    s.for_each_piece(b, c, blk, count, f);
+  } else {
+    for_each_piece(s.chunks(b), c, blk, count, f);
+  }
+}
+
+/// Number of elements in chunk `c` of buffer `b` of schedule `s` within `blk` (the stream length).
+template <class S>
+RECCL_HOST_DEVICE constexpr std::uint64_t chunk_length(S const& s, buffer b, int c, block blk, std::uint64_t count) {
+  std::uint64_t n = 0;
+  for_each_piece(s, b, c, blk, count, [&](std::uint64_t, std::uint64_t len) { n += len; });
+  return n;
+}
+
 }  // namespace reccl::schedule
 
 namespace reccl {
