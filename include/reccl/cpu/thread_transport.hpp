@@ -1,0 +1,197 @@
+// reccl/cpu/thread_transport.hpp -- the CPU-thread Transport: ranks are threads, links are
+// shared-memory FIFO rings, and slow or dead paths are injected from a fault_plan.
+//
+//   fabric (one per communicator: the memory every rank thread shares)
+//   ┌───────────────────────────────────────────────────────────────────┐
+//   │ links[vt][src][dst] : fifo_link (receive area, ready queue, credit) │
+//   │ fault_plan          : rate caps and dead epochs per VT             │
+//   └───────────────────────────────────────────────────────────────────┘
+//        ▲ handle{fabric*, rank, epoch, abort*}  -- what a rank's worker threads hold
+//
+// Waits: a wait polls its flag once per poll quantum (fabric_config::poll_quantum_ns) and
+// reports as `spins` the number of whole quanta it waited, so a stall count is proportional to
+// waiting time whatever the thread's wake-up jitter. A wait ends at its deadline (status::timeout)
+// or when the handle's abort flag is raised.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "../config.hpp"
+#include "../transport.hpp"
+#include "../types.hpp"
+#include "faults.hpp"
+#include "fifo.hpp"
+
+namespace reccl::cpu {
+
+class communicator;
+
+/// Geometry and timing of a fabric.
+struct fabric_config {
+  int nranks = 1;
+  int n_vts = 1;
+  int slots = 4;                           ///< FIFO depth per link (1..queue_depth)
+  std::size_t slot_bytes = 16384;          ///< bytes per slot (a multiple of 16)
+  std::uint64_t poll_quantum_ns = 50'000;  ///< one spin of a wait: 50 us
+};
+
+/// The shared memory of a CPU communicator: every link of every VT between every ordered rank
+/// pair, plus the fault plan. Not copyable; lives as long as the communicator.
+class fabric {
+ public:
+  fabric(fabric_config const& c, fault_plan plan) : cfg_(c), plan_(std::move(plan)) {
+    std::size_t const n = static_cast<std::size_t>(c.n_vts) * c.nranks * c.nranks;
+    std::size_t const area = static_cast<std::size_t>(c.slots) * c.slot_bytes;
+    links_ = std::make_unique<fifo_link[]>(n);
+    recv_ = std::make_unique_for_overwrite<std::byte[]>(n * area);
+    send_ = std::make_unique_for_overwrite<std::byte[]>(n * area);
+    for (std::size_t i = 0; i < n; ++i) {
+      links_[i].recv_area = recv_.get() + i * area;
+      links_[i].send_area = send_.get() + i * area;
+    }
+  }
+  fabric(fabric const&) = delete;
+  fabric& operator=(fabric const&) = delete;
+
+  fifo_link& at(int vt, int src, int dst) const {
+    return links_[(static_cast<std::size_t>(vt) * cfg_.nranks + src) * cfg_.nranks + dst];
+  }
+  fabric_config const& config() const { return cfg_; }
+  fault_plan const& faults() const { return plan_; }
+
+  /// Resets the link state rank `rank` owns on VT `vt`: the receiving side of links into it and
+  /// the sending side of links out of it. Call only when no thread of VT `vt` runs on any rank
+  /// and before this rank uses the VT again (the engine does it between collectives).
+  void reset_vt(int rank, int vt) const {
+    for (int p = 0; p < cfg_.nranks; ++p) {
+      at(vt, p, rank).reset_receiver();
+      at(vt, rank, p).reset_sender();
+    }
+  }
+
+ private:
+  fabric_config cfg_;
+  fault_plan plan_;
+  std::unique_ptr<fifo_link[]> links_;
+  std::unique_ptr<std::byte[]> recv_, send_;
+};
+
+}  // namespace reccl::cpu
+
+namespace reccl::transport {
+
+/// Transport whose ranks are threads of one process (tests, simulation, GPU-less examples).
+struct cpu_threads {
+  static constexpr int max_vts = reccl::max_vts;
+  using communicator = cpu::communicator;
+
+  /// What a rank's threads hold: the fabric, the rank, the epoch (which selects the faults in
+  /// force) and an optional abort flag that ends waits early. Trivially copyable.
+  struct handle {
+    cpu::fabric const* fab = nullptr;
+    std::int32_t rank = 0;
+    std::uint64_t epoch = 0;
+    std::atomic<bool> const* abort = nullptr;
+
+    int slots() const { return fab->config().slots; }
+    std::size_t slot_bytes() const { return fab->config().slot_bytes; }
+    std::uint64_t poll_quantum_ns() const { return fab->config().poll_quantum_ns; }
+    /// My receive area for (vt, peer): where peer's puts land.
+    std::byte* recv_area(int vt, int peer) const { return fab->at(vt, peer, rank).recv_area; }
+    /// My exposed area for (vt, peer): what peer's get() reads.
+    std::byte* send_area(int vt, int peer) const { return fab->at(vt, rank, peer).send_area; }
+    std::uint64_t& tx_seq(int vt, int peer) const { return fab->at(vt, rank, peer).tx_seq; }
+    std::uint64_t& rx_seq(int vt, int peer) const { return fab->at(vt, peer, rank).rx_seq; }
+
+    /// Copies into peer's receive area for (vt, me). On a capped link the bytes take
+    /// bytes / rate of wire time after what is already on the wire; on a dead link they are lost.
+    void put(int vt, int peer, std::size_t offset, void const* src, std::size_t bytes) const {
+      cpu::fifo_link& l = fab->at(vt, rank, peer);
+      if (l.bytes_epoch != epoch) {
+        l.bytes_epoch = epoch;
+        l.epoch_bytes = 0;
+        l.dropping = false;
+      }
+      if (l.dropping || l.epoch_bytes + bytes > fab->faults().dead_after(vt, rank, epoch)) {
+        l.dropping = true;
+        return;
+      }
+      std::memcpy(l.recv_area + offset, src, bytes);
+      l.epoch_bytes += bytes;
+      double const rate = fab->faults().rate(vt, rank, epoch);
+      if (rate > 0) {
+        std::uint64_t const start = std::max(cpu::now_ns(), l.wire_free_ns);
+        l.wire_free_ns = start + static_cast<std::uint64_t>(static_cast<double>(bytes) * 1e9 / rate);
+        l.last_visible_ns = l.wire_free_ns;
+      } else {
+        l.last_visible_ns = 0;
+      }
+    }
+
+    /// Copies from peer's exposed area for (vt, me). Not rate-capped (the engine pushes); on a dead
+    /// link nothing is copied.
+    void get(int vt, int peer, std::size_t offset, void* dst, std::size_t bytes) const {
+      if (fab->faults().dead_after(vt, peer, epoch) == 0) return;
+      std::memcpy(dst, fab->at(vt, peer, rank).send_area + offset, bytes);
+    }
+
+    /// ready: publishes `value` to peer for (vt, me), visible once the bytes put so far have
+    /// crossed the wire. credit: publishes at once. Dropped on a dead link.
+    void signal(int vt, int peer, flag f, std::uint64_t value) const {
+      if (f == flag::ready) {
+        cpu::fifo_link& l = fab->at(vt, rank, peer);
+        if (l.bytes_epoch != epoch) {
+          l.bytes_epoch = epoch;
+          l.epoch_bytes = 0;
+          l.dropping = false;
+        }
+        if (l.dropping || fab->faults().dead_after(vt, rank, epoch) == 0) return;
+        // The FIFO protocol keeps at most `slots` (<= queue_depth) values in flight, so this
+        // only waits if a caller signals far ahead of its receiver.
+        while (!l.push(value, l.last_visible_ns)) cpu::sleep_until_ns(cpu::now_ns() + poll_quantum_ns());
+      } else {
+        if (fab->faults().dead_after(vt, rank, epoch) == 0) return;
+        fab->at(vt, peer, rank).credit.store(value, std::memory_order_release);
+      }
+    }
+
+    /// One poll: whether my flag f from (vt, peer) is >= value now.
+    bool test(int vt, int peer, flag f, std::uint64_t value) const {
+      if (f == flag::ready) {
+        cpu::fifo_link& l = fab->at(vt, peer, rank);
+        if (l.ready_seen >= value) return true;
+        l.drain(cpu::now_ns());
+        return l.ready_seen >= value;
+      }
+      return fab->at(vt, rank, peer).credit.load(std::memory_order_acquire) >= value;
+    }
+
+    /// Waits until my flag f from (vt, peer) is >= value, the absolute deadline (now_ns() clock)
+    /// passes, or the abort flag is raised. spins = whole poll quanta waited. A deadline in the
+    /// past makes it a single poll.
+    wait_result wait(int vt, int peer, flag f, std::uint64_t value, std::uint64_t deadline_ns) const {
+      if (test(vt, peer, f, value)) return {status::ok, 0};
+      std::uint64_t const t0 = cpu::now_ns(), q = poll_quantum_ns();
+      if (t0 >= deadline_ns) return {status::timeout, 0};
+      for (std::uint64_t k = 1;; ++k) {
+        std::uint64_t next = t0 + k * q;
+        if (next > deadline_ns) next = deadline_ns;
+        cpu::sleep_until_ns(next);
+        std::uint64_t const t = cpu::now_ns();
+        if (test(vt, peer, f, value)) return {status::ok, (t - t0) / q};
+        if (t >= deadline_ns || (abort && abort->load(std::memory_order_relaxed))) return {status::timeout, (t - t0) / q};
+        k = std::max(k, (t - t0) / q);  // overslept: skip the quanta already gone
+      }
+    }
+  };
+};
+
+static_assert(Transport<cpu_threads>);
+static_assert(cpu::FifoHandle<cpu_threads::handle>);
+
+}  // namespace reccl::transport
