@@ -1,0 +1,90 @@
+// reccl/device/flags.hpp -- bounded waits, the sticky status word, and reccl's CTA-pair barrier.
+//
+// NCCL 2.28's LSA barrier cannot time out, so reccl keeps its own flags in its scratch window:
+//  * every wait polls local memory and gives up at a deadline (`%globaltimer`), or as soon as the
+//    lane's status word shows an error raised elsewhere;
+//  * the first error of a lane wins (atomicCAS from 0) and is sticky: later collectives on that lane
+//    do nothing (no hang, no write) until the communicator is rebuilt; the host reads the word;
+//  * barriers pair CTA b of every rank only with CTA b of the others (no grid-wide dependency, so
+//    no co-residency requirement) and carry a descriptor hash: ranks that disagree on count, dtype,
+//    op or algorithm fail with `mismatch` before any peer memory is touched.
+#pragma once
+
+#include <cstdint>
+
+#include "../types.hpp"
+#include "primitives.hpp"
+#include "transport/lsa.hpp"
+
+namespace reccl::device {
+
+/// Record `s` as the lane's error unless an earlier error is already recorded.
+RECCL_DEVICE void raise_status(std::uint32_t* word, status s) { atomicCAS(word, 0u, static_cast<std::uint32_t>(s)); }
+
+RECCL_DEVICE std::uint32_t read_status(std::uint32_t const* word) { return *static_cast<volatile std::uint32_t const*>(word); }
+
+/// How often (in polls) a spinning thread looks at the clock and the status word.
+inline constexpr std::uint32_t deadline_check_period = 256;
+
+/// Spin until *flag >= target (acquire). Returns false on timeout (after raising it) or when the
+/// lane already holds an error. `spins` counts unsuccessful polls (stall telemetry).
+RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, std::uint64_t deadline,
+                                std::uint32_t* status_word, std::uint64_t& spins) {
+  for (std::uint32_t k = 1;; ++k) {
+    if (load_acquire_sys(flag) >= target) return true;
+    ++spins;
+    if (k % deadline_check_period == 0) {
+      if (read_status(status_word) != 0) return false;
+      if (globaltimer() > deadline) {
+        raise_status(status_word, status::timeout);
+        return false;
+      }
+    }
+  }
+}
+
+/// Barrier word: epoch in the high half, descriptor hash in the low half.
+RECCL_DEVICE std::uint64_t barrier_word(std::uint32_t epoch, std::uint32_t desc) {
+  return (static_cast<std::uint64_t>(epoch) << 32) | desc;
+}
+
+/// Barrier among CTA `cta` of every rank. Release on arrival (covers every thread of the CTA through
+/// the preceding __syncthreads), acquire on completion. Must be called by all threads of the CTA.
+/// Returns false (after recording the status) on timeout or descriptor mismatch.
+RECCL_DEVICE bool cta_barrier(lsa_view const& v, int cta, std::uint32_t epoch, std::uint32_t desc,
+                              std::uint64_t deadline) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  int const t = static_cast<int>(threadIdx.x);
+  std::uint32_t* const st = v.status();
+  if (t < v.nranks && t != v.rank) {
+    store_release_sys(v.bar(t, cta, v.rank), barrier_word(epoch, desc));
+    std::uint64_t const* in = v.bar(v.rank, cta, t);
+    for (std::uint32_t k = 1;; ++k) {
+      std::uint64_t const w = load_acquire_sys(in);
+      std::int32_t const ahead = static_cast<std::int32_t>(static_cast<std::uint32_t>(w >> 32) - epoch);
+      if (ahead >= 0) {
+        // A peer one barrier ahead has already passed this one (it saw our arrival), and its word
+        // now carries the next barrier's descriptor: only an exact epoch match checks the hash.
+        if (ahead == 0 && static_cast<std::uint32_t>(w) != desc) {
+          raise_status(st, status::mismatch);
+          failed = 1;
+        }
+        break;
+      }
+      if (k % deadline_check_period == 0) {
+        if (read_status(st) != 0) { failed = 1; break; }
+        if (globaltimer() > deadline) {
+          raise_status(st, status::timeout);
+          failed = 1;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return failed == 0;
+}
+
+}  // namespace reccl::device

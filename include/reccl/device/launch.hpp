@@ -1,0 +1,79 @@
+// reccl/device/launch.hpp -- picks the kernel instantiation for (algorithm, dtype) at run time and
+// launches it, stream-ordered and capturable, optionally with programmatic dependent launch.
+//
+// Instantiations are kept few on purpose (CI compiles every device source for sm_90 on 2 cores):
+// the reduction op and the collective are run-time values inside one kernel per (engine, element
+// type); collectives that only move data use a single byte-stream instantiation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../types.hpp"
+#include "args.hpp"
+#include "engine/direct.hpp"
+#include "engine/one_shot.hpp"
+#include "engine/pipelined.hpp"
+
+namespace reccl::device {
+
+using kernel_fn = void (*)(coll_args);
+
+
+/// The kernel that runs `algo` on elements of type `t` (raw bytes for collectives that do not reduce),
+/// or nullptr when that combination does not exist.
+inline kernel_fn select_kernel(algorithm algo, collective c, dtype t) {
+  bool const raw = !reduces(c);
+  switch (algo) {
+    case algorithm::one_shot:
+      if (raw) return nullptr;
+      switch (t) {
+        case dtype::float32: return &one_shot_kernel<float>;
+        case dtype::float16: return &one_shot_kernel<__half>;
+        case dtype::bfloat16: return &one_shot_kernel<__nv_bfloat16>;
+        default: return nullptr;
+      }
+    case algorithm::pipelined:
+      if (raw) return &pipelined_kernel<raw_byte>;
+      switch (t) {
+        case dtype::float32: return &pipelined_kernel<float>;
+        case dtype::float16: return &pipelined_kernel<__half>;
+        case dtype::bfloat16: return &pipelined_kernel<__nv_bfloat16>;
+        case dtype::float64: return &pipelined_kernel<double>;
+        case dtype::int32: return &pipelined_kernel<std::int32_t>;
+        case dtype::int64: return &pipelined_kernel<std::int64_t>;
+      }
+      return nullptr;
+    case algorithm::two_shot:
+    case algorithm::direct:
+      if (raw) return &direct_kernel<raw_byte>;
+      switch (t) {
+        case dtype::float32: return &direct_kernel<float>;
+        case dtype::float16: return &direct_kernel<__half>;
+        case dtype::bfloat16: return &direct_kernel<__nv_bfloat16>;
+        case dtype::float64: return &direct_kernel<double>;
+        case dtype::int32: return &direct_kernel<std::int32_t>;
+        case dtype::int64: return &direct_kernel<std::int64_t>;
+      }
+      return nullptr;
+    case algorithm::automatic: return nullptr;
+  }
+  return nullptr;
+}
+
+/// Launch `k` with `grid` CTAs of cta_threads on `stream`. With `pdl`, the kernel may start while
+/// the previous kernel of the stream drains (it calls pdl_wait() before touching memory).
+inline cudaError_t launch_kernel(kernel_fn k, int grid, coll_args const& a, cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(cta_threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, k, a);
+}
+
+}  // namespace reccl::device

@@ -1,0 +1,713 @@
+// reccl/host/communicator.hpp -- the host runtime of the NVLink path: a reccl communicator on top
+// of an NCCL communicator, its symmetric windows, and the launch API of the five collectives.
+//
+//   ncclComm_t (yours)
+//     └─ nvlink_communicator
+//          ├─ scratch window   ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC):
+//          │                   reccl's flags, barriers, one-shot slots, rings (device/transport/lsa.hpp)
+//          ├─ ncclDevComm      ncclDevCommCreate: the capability probe (fails without symmetric support)
+//          ├─ registered buffers  allocate(): user buffers in symmetric windows (zero-copy path)
+//          └─ hello handshake  every rank writes its configuration hash into every peer's scratch;
+//                              a rank that differs (tuning table, sizes) fails creation, not a collective
+//
+// Buffers: any device pointer works (plain cudaMalloc included): the local input is read in place
+// and only what a peer must write travels through reccl's scratch window. Buffers returned by
+// allocate() on every rank (same size, same order, same offsets in each call) take the zero-copy
+// path: peers load from and store to them directly.
+//
+// Every collective is stream-ordered and CUDA-graph capturable: no host synchronisation, no
+// allocation, no host-side state that a graph replay would freeze (sequence counters live in device
+// memory). Errors found before launch (null or misaligned pointers, bad enums, unsupported
+// combinations) throw reccl::error. Errors found on the device (ranks that disagree, a peer that
+// never arrives) are recorded in the lane's status word within the configured timeout; status() and
+// check() read it. After a device-side error the lane stays failed: rebuild the communicator.
+//
+// Teardown (destructor): device synchronise -> ncclDevCommDestroy -> deregister each window ->
+// ncclMemFree. Destroy the reccl communicator before ncclCommFinalize/ncclCommDestroy of the NCCL
+// communicator it was built on, and only once no rank still runs a collective on it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../config.hpp"
+#include "../device/launch.hpp"
+#include "../policy/split.hpp"
+#include "../types.hpp"
+#include "error.hpp"
+#include "nccl.hpp"
+#include "tuning.hpp"
+
+namespace reccl {
+
+/// Sizes and behaviour fixed at creation. Every field except `timeout_ns` and `pdl` must be equal on
+/// all ranks (checked by the hello handshake).
+struct nvlink_config {
+  std::int32_t lanes = 2;                  ///< independent flag/slot sets (concurrent streams)
+  std::int32_t max_ctas = 64;              ///< largest grid of any collective
+  std::int32_t one_shot_slot_bytes = 32 << 10;
+  std::int32_t ring_chunk_bytes = 16 << 10;
+  std::int32_t ring_depth = 4;
+  std::uint64_t timeout_ns = 10'000'000'000ull;  ///< every device-side wait gives up after this
+  bool pdl = true;                          ///< programmatic dependent launch
+  tuning tune{};
+};
+
+/// Per-call choices; the defaults let the tuning table decide.
+struct launch_options {
+  algorithm algo = algorithm::automatic;
+  std::int32_t lane = 0;
+  std::int32_t ctas = 0;         ///< 0: from the table
+  std::int32_t vts = 0;          ///< 0: from the table
+  std::int32_t chunk_bytes = 0;  ///< pipelined ring chunk; 0: from the table
+  split const* vt_split = nullptr;  ///< explicit byte split (an Allocator's output); sum must equal the count
+};
+
+class nvlink_communicator;
+
+namespace detail {
+
+inline std::uint32_t fnv1a(void const* data, std::size_t bytes, std::uint32_t h = 2166136261u) {
+  auto const* p = static_cast<unsigned char const*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+template <class T> std::uint32_t fnv_add(std::uint32_t h, T const& v) { return fnv1a(&v, sizeof(T), h); }
+
+template <int Unused = 0>
+__global__ void resolve_lsa_kernel(ncclWindow_t win, int n, void** out) {
+  int const p = static_cast<int>(threadIdx.x);
+  if (p < n) out[p] = ncclGetLsaPointer(win, 0, p);
+}
+
+template <int Unused = 0>
+__global__ void poison_kernel(std::uint32_t* p, std::uint64_t words) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < words;
+       i += std::uint64_t(gridDim.x) * blockDim.x)
+    p[i] = device::lamport_sentinel;
+}
+
+/// Each rank writes `token` into every peer's hello word for it, then waits for every peer's.
+template <int Unused = 0>
+__global__ void hello_kernel(device::lsa_view v, std::uint64_t token, std::uint64_t timeout_ns, std::uint32_t* result) {
+  int const t = static_cast<int>(threadIdx.x);
+  if (t >= v.nranks || t == v.rank) return;
+  device::store_release_sys(reinterpret_cast<std::uint64_t*>(v.scratch[t]) + v.rank, token);
+  std::uint64_t const* mine = reinterpret_cast<std::uint64_t const*>(v.scratch[v.rank]) + t;
+  std::uint64_t const deadline = device::globaltimer() + timeout_ns;
+  for (;;) {
+    std::uint64_t const got = device::load_acquire_sys(mine);
+    if (got == token) return;
+    if (got != 0) {
+      atomicCAS(result, 0u, static_cast<std::uint32_t>(status::mismatch));
+      return;
+    }
+    if (device::globaltimer() > deadline) {
+      atomicCAS(result, 0u, static_cast<std::uint32_t>(status::timeout));
+      return;
+    }
+  }
+}
+
+/// Equal split of `total` elements over `n_vts` live VTs (VT i gets total*(i+1)/n - total*i/n).
+inline split equal_split(std::uint64_t total, int n_vts) {
+  split s;
+  s.n_vts = n_vts;
+  s.live_mask = all_live(n_vts);
+  s.total = total;
+  std::uint64_t prev = 0;
+  for (int i = 0; i < n_vts; ++i) {
+    std::uint64_t const nxt = total / n_vts * (i + 1) + total % n_vts * (i + 1) / n_vts;
+    s.count[i] = nxt - prev;
+    prev = nxt;
+  }
+  return s;
+}
+
+struct registered_buffer {
+  char* base = nullptr;
+  std::size_t bytes = 0;
+  ncclWindow_t win = nullptr;
+  char* peers[device::max_lsa] = {};
+};
+
+}  // namespace detail
+
+/// reccl's communicator for one rank on one GPU (see the file comment).
+class nvlink_communicator {
+ public:
+  /// Build on `comm` (one process or thread per GPU). Collective: every rank calls it with an equal
+  /// configuration. Throws reccl::error, with NCCL's message, when the communicator has no
+  /// symmetric-memory support (no CUDA P2P between all GPUs, more than one node) -- there is no
+  /// silent fallback; callers that want one catch the error and use NCCL.
+  static nvlink_communicator create(ncclComm_t comm, nvlink_config const& cfg = {}) {
+    std::vector<nvlink_communicator> v = create_all(std::vector<ncclComm_t>{comm}, cfg);
+    return std::move(v.front());
+  }
+
+  /// Build one communicator per element of `comms` from one thread (one process driving several
+  /// GPUs; NCCL's collective setup calls are grouped). With a single element it is create().
+  static std::vector<nvlink_communicator> create_all(std::vector<ncclComm_t> const& comms, nvlink_config const& cfg = {}) {
+    check_config(cfg);
+    std::vector<nvlink_communicator> out;
+    out.reserve(comms.size());
+    for (ncclComm_t c : comms) out.push_back(nvlink_communicator(c, cfg));
+    // scratch windows and device communicators: collective NCCL calls, grouped across comms
+    RECCL_NCCL_CHECK(nullptr, ncclGroupStart());
+    for (auto& c : out) {
+      c.set_device();
+      RECCL_NCCL_CHECK(c.s_->comm, ncclCommWindowRegister(c.s_->comm, c.s_->scratch, c.s_->L.total_bytes(),
+                                                          &c.s_->scratch_win, NCCL_WIN_COLL_SYMMETRIC));
+    }
+    RECCL_NCCL_CHECK(nullptr, ncclGroupEnd());
+    ncclDevCommRequirements reqs = detail::empty_requirements();
+    RECCL_NCCL_CHECK(nullptr, ncclGroupStart());
+    for (auto& c : out) {
+      c.set_device();
+      ncclResult_t const r = ncclDevCommCreate(c.s_->comm, &reqs, &c.s_->devcomm);
+      if (r != ncclSuccess) {
+        ncclGroupEnd();
+        throw error(status::invalid_argument,
+                    "ncclDevCommCreate failed (no symmetric-memory support on this communicator: all GPUs must "
+                    "be CUDA-P2P connected on one node; use NCCL's own collectives instead): " +
+                        detail::nccl_message(r, c.s_->comm));
+      }
+    }
+    RECCL_NCCL_CHECK(nullptr, ncclGroupEnd());
+    for (auto& c : out) c.s_->devcomm_valid = true;
+    for (auto& c : out) c.finish_setup();
+    // hello: launch on every GPU first (each kernel waits for the others), then collect
+    for (auto& c : out) c.launch_hello();
+    for (auto& c : out) c.collect_hello();
+    return out;
+  }
+
+  nvlink_communicator(nvlink_communicator&&) noexcept = default;
+  nvlink_communicator& operator=(nvlink_communicator&&) noexcept = default;
+  nvlink_communicator(nvlink_communicator const&) = delete;
+  nvlink_communicator& operator=(nvlink_communicator const&) = delete;
+  ~nvlink_communicator() = default;
+
+  int rank() const { return s_->rank; }
+  int size() const { return s_->nranks; }
+  int device() const { return s_->dev; }
+  ncclComm_t nccl() const { return s_->comm; }
+  nvlink_config const& config() const { return s_->cfg; }
+
+  // ---- registered (zero-copy) buffers --------------------------------------------------------
+
+  /// Allocate `bytes` of device memory in a symmetric window. Collective: every rank calls it with
+  /// the same size, in the same order. Freed by free() or at destruction.
+  void* allocate(std::size_t bytes) { return allocate_all({this}, bytes).front(); }
+
+  /// allocate() for several communicators driven by one thread (NCCL calls grouped).
+  static std::vector<void*> allocate_all(std::vector<nvlink_communicator*> const& comms, std::size_t bytes) {
+    if (bytes == 0) throw error(status::invalid_argument, "allocate: size 0");
+    std::vector<detail::registered_buffer> bufs(comms.size());
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      comms[i]->set_device();
+      void* p = nullptr;
+      RECCL_NCCL_CHECK(comms[i]->s_->comm, ncclMemAlloc(&p, bytes));
+      bufs[i].base = static_cast<char*>(p);
+      bufs[i].bytes = bytes;
+    }
+    RECCL_NCCL_CHECK(nullptr, ncclGroupStart());
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      comms[i]->set_device();
+      RECCL_NCCL_CHECK(comms[i]->s_->comm, ncclCommWindowRegister(comms[i]->s_->comm, bufs[i].base, bytes,
+                                                                  &bufs[i].win, NCCL_WIN_COLL_SYMMETRIC));
+    }
+    RECCL_NCCL_CHECK(nullptr, ncclGroupEnd());
+    std::vector<void*> out;
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      comms[i]->set_device();
+      if (bufs[i].win == nullptr) throw error(status::internal, "ncclCommWindowRegister returned no window");
+      comms[i]->resolve(bufs[i].win, bufs[i].peers);
+      comms[i]->s_->buffers.push_back(bufs[i]);
+      out.push_back(bufs[i].base);
+    }
+    return out;
+  }
+
+  /// Release a buffer from allocate() (local; no rank may still use it in a collective).
+  void free(void* p) {
+    auto& b = s_->buffers;
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (b[i].base == p) {
+        set_device();
+        RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+        RECCL_NCCL_CHECK(s_->comm, ncclCommWindowDeregister(s_->comm, b[i].win));
+        RECCL_NCCL_CHECK(s_->comm, ncclMemFree(b[i].base));
+        b.erase(b.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+    throw error(status::invalid_argument, "free: pointer was not returned by allocate()");
+  }
+
+  /// True when [p, p+bytes) lies inside one buffer from allocate().
+  bool is_registered(void const* p, std::size_t bytes) const { return find(p, bytes) != nullptr; }
+
+  // ---- collectives -----------------------------------------------------------------------------
+
+  /// out[i] = in_0[i] (op) ... (op) in_{n-1}[i]; `count` elements per rank; in == out is in-place.
+  void all_reduce(void const* in, void* out, std::size_t count, dtype t, redop op, cudaStream_t stream,
+                  launch_options const& o = {}) {
+    run(collective::all_reduce, in, out, count, t, op, 0, stream, o);
+  }
+  /// out_r[i] = reduce over ranks of in[r*count + i]; `count` = output elements; in holds n*count.
+  void reduce_scatter(void const* in, void* out, std::size_t count, dtype t, redop op, cudaStream_t stream,
+                      launch_options const& o = {}) {
+    run(collective::reduce_scatter, in, out, count, t, op, 0, stream, o);
+  }
+  /// out[r*count + i] = in_r[i]; `count` = input elements; out holds n*count.
+  void all_gather(void const* in, void* out, std::size_t count, dtype t, cudaStream_t stream,
+                  launch_options const& o = {}) {
+    run(collective::all_gather, in, out, count, t, redop::sum, 0, stream, o);
+  }
+  /// out[i] = in_root[i]; only the root's `in` is read.
+  void broadcast(void const* in, void* out, std::size_t count, dtype t, int root, cudaStream_t stream,
+                 launch_options const& o = {}) {
+    run(collective::broadcast, in, out, count, t, redop::sum, root, stream, o);
+  }
+  /// out_q[p*count + i] = in_p[q*count + i]; `count` per pair; not in-place.
+  void all_to_all(void const* in, void* out, std::size_t count, dtype t, cudaStream_t stream,
+                  launch_options const& o = {}) {
+    run(collective::all_to_all, in, out, count, t, redop::sum, 0, stream, o);
+  }
+
+  /// The plan a call with these arguments would run (the same on every rank).
+  plan plan_for(collective c, void const* in, void const* out, std::size_t count, dtype t,
+                launch_options const& o = {}) const {
+    return choose(c, in, out, count, t, o);
+  }
+
+  // ---- status and telemetry --------------------------------------------------------------------
+
+  /// The lane's status word as the device last wrote it (synchronous read; call after the stream
+  /// has been synchronised to see the outcome of every collective issued before).
+  status status_of(int lane) const {
+    check_lane(lane);
+    std::uint32_t w = 0;
+    auto* word = view(lane).status();
+    set_device();
+    RECCL_CUDA_CHECK(cudaMemcpy(&w, word, sizeof(w), cudaMemcpyDeviceToHost));
+    return static_cast<status>(w);
+  }
+  /// Throw reccl::error if any lane holds an error.
+  void check() const {
+    for (int l = 0; l < s_->cfg.lanes; ++l) {
+      status const s = status_of(l);
+      if (s != status::ok && s != status::recovered)
+        throw error(s, "lane " + std::to_string(l) + " of rank " + std::to_string(s_->rank) +
+                           (s == status::timeout    ? ": a peer did not arrive within the timeout"
+                            : s == status::mismatch ? ": ranks disagree on count, dtype, op, root or algorithm"
+                                                    : ": device error"));
+    }
+  }
+  /// Stall counts per VT accumulated on `lane` since creation (pipelined senders' credit waits).
+  std::array<std::uint64_t, max_vts> stalls(int lane) const {
+    check_lane(lane);
+    std::array<std::uint64_t, max_vts> a{};
+    set_device();
+    RECCL_CUDA_CHECK(cudaMemcpy(a.data(), view(lane).stalls(0), sizeof(std::uint64_t) * max_vts, cudaMemcpyDeviceToHost));
+    return a;
+  }
+
+ private:
+  struct state {
+    ncclComm_t comm = nullptr;
+    int rank = 0, nranks = 0, dev = 0;
+    nvlink_config cfg{};
+    device::lsa_layout L{};
+    void* scratch = nullptr;
+    ncclWindow_t scratch_win = nullptr;
+    char* scratch_peers[device::max_lsa] = {};
+    ncclDevComm devcomm{};
+    bool devcomm_valid = false;
+    std::uint32_t* hello_result = nullptr;
+    std::vector<detail::registered_buffer> buffers;
+
+    ~state() {
+      if (comm == nullptr) return;
+      int prev = 0;
+      cudaGetDevice(&prev);
+      cudaSetDevice(dev);
+      cudaDeviceSynchronize();
+      if (devcomm_valid) ncclDevCommDestroy(comm, &devcomm);
+      for (auto& b : buffers) {
+        if (b.win != nullptr) ncclCommWindowDeregister(comm, b.win);
+        ncclMemFree(b.base);
+      }
+      if (scratch_win != nullptr) ncclCommWindowDeregister(comm, scratch_win);
+      if (scratch != nullptr) ncclMemFree(scratch);
+      if (hello_result != nullptr) cudaFree(hello_result);
+      cudaSetDevice(prev);
+    }
+  };
+  std::unique_ptr<state> s_;
+
+  struct device_guard {
+    int prev = -1;
+    explicit device_guard(int dev) {
+      cudaGetDevice(&prev);
+      if (prev != dev) cudaSetDevice(dev);
+      else prev = -1;
+    }
+    ~device_guard() {
+      if (prev >= 0) cudaSetDevice(prev);
+    }
+  };
+
+  static void check_config(nvlink_config const& c) {
+    auto bad = [](char const* what) { throw error(status::invalid_argument, std::string("nvlink_config: ") + what); };
+    if (c.lanes < 1 || c.lanes > 64) bad("lanes must be in [1, 64]");
+    if (c.max_ctas < 1 || c.max_ctas > 256) bad("max_ctas must be in [1, 256]");
+    if (c.one_shot_slot_bytes < 16 || c.one_shot_slot_bytes % 16 != 0 ||
+        c.one_shot_slot_bytes > 16 * device::cta_threads * device::one_shot_unroll)
+      bad("one_shot_slot_bytes must be a multiple of 16, at most 16 * threads * unroll");
+    if (c.ring_chunk_bytes < 512 || c.ring_chunk_bytes % 512 != 0) bad("ring_chunk_bytes must be a multiple of 512");
+    if (c.ring_depth < 2) bad("ring_depth must be >= 2");
+    if (c.timeout_ns == 0) bad("timeout_ns must be > 0");
+  }
+
+  nvlink_communicator(ncclComm_t comm, nvlink_config const& cfg) : s_(std::make_unique<state>()) {
+    if (comm == nullptr) throw error(status::invalid_argument, "null NCCL communicator");
+    int const lib = detail::loaded_nccl_version();
+    char const* allow = std::getenv("RECCL_ALLOW_NCCL_MISMATCH");
+    if (lib != NCCL_VERSION_CODE && !(allow != nullptr && allow[0] == '1'))
+      throw error(status::invalid_argument,
+                  "NCCL library version " + std::to_string(lib) + " differs from the headers reccl was compiled with (" +
+                      std::to_string(NCCL_VERSION_CODE) +
+                      "); the device API has no ABI guarantee across releases (set RECCL_ALLOW_NCCL_MISMATCH=1 to "
+                      "override)");
+    s_->cfg = cfg;
+    RECCL_NCCL_CHECK(comm, ncclCommCuDevice(comm, &s_->dev));
+    RECCL_NCCL_CHECK(comm, ncclCommUserRank(comm, &s_->rank));
+    RECCL_NCCL_CHECK(comm, ncclCommCount(comm, &s_->nranks));
+    if (s_->nranks > device::max_lsa)
+      throw error(status::invalid_argument, "the NVLink path supports at most " + std::to_string(device::max_lsa) + " ranks");
+    s_->L = device::make_lsa_layout(s_->nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
+                                    cfg.ring_depth);
+    device_guard g(s_->dev);
+    void* p = nullptr;
+    RECCL_NCCL_CHECK(comm, ncclMemAlloc(&p, s_->L.total_bytes()));
+    s_->scratch = p;
+    s_->comm = comm;  // from here on the state destructor releases what exists
+    RECCL_CUDA_CHECK(cudaMemset(p, 0, s_->L.total_bytes()));
+    for (int l = 0; l < cfg.lanes; ++l) {
+      char* lane = static_cast<char*>(p) + s_->L.header_bytes + static_cast<std::uint64_t>(l) * s_->L.lane_bytes;
+      std::uint64_t const words = 2ull * s_->nranks * cfg.max_ctas * s_->L.one_shot_stride() / 4;
+      detail::poison_kernel<<<256, 256>>>(reinterpret_cast<std::uint32_t*>(lane + s_->L.one_shot_off), words);
+      RECCL_CUDA_CHECK(cudaGetLastError());
+    }
+    RECCL_CUDA_CHECK(cudaMalloc(&s_->hello_result, sizeof(std::uint32_t)));
+    RECCL_CUDA_CHECK(cudaMemset(s_->hello_result, 0, sizeof(std::uint32_t)));
+    // every rank's scratch is initialised before the collective window registration that follows
+    RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  void set_device() const { RECCL_CUDA_CHECK(cudaSetDevice(s_->dev)); }
+
+  void resolve(ncclWindow_t win, char* (&peers)[device::max_lsa]) {
+    void** d = nullptr;
+    RECCL_CUDA_CHECK(cudaMalloc(&d, sizeof(void*) * device::max_lsa));
+    detail::resolve_lsa_kernel<<<1, 32>>>(win, s_->nranks, d);
+    cudaError_t const e = cudaGetLastError();
+    void* h[device::max_lsa] = {};
+    if (e == cudaSuccess) cudaMemcpy(h, d, sizeof(void*) * s_->nranks, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    RECCL_CUDA_CHECK(e);
+    for (int r = 0; r < s_->nranks; ++r) {
+      if (h[r] == nullptr) throw error(status::internal, "ncclGetLsaPointer returned null");
+      peers[r] = static_cast<char*>(h[r]);
+    }
+  }
+
+  void finish_setup() {
+    set_device();
+    if (s_->scratch_win == nullptr)
+      throw error(status::invalid_argument, "ncclCommWindowRegister produced no window (no symmetric-memory support)");
+    if (s_->devcomm.lsaSize != s_->nranks || s_->devcomm.lsaRank != s_->rank)
+      throw error(status::invalid_argument, "the NVLink path needs every rank in one LSA team (one node, CUDA P2P): lsaSize=" +
+                                                std::to_string(s_->devcomm.lsaSize) + ", ranks=" + std::to_string(s_->nranks));
+    resolve(s_->scratch_win, s_->scratch_peers);
+  }
+
+  std::uint64_t hello_token() const {
+    nvlink_config const& c = s_->cfg;
+    std::uint32_t h = 2166136261u;
+    h = detail::fnv_add(h, s_->nranks);
+    h = detail::fnv_add(h, c.lanes);
+    h = detail::fnv_add(h, c.max_ctas);
+    h = detail::fnv_add(h, c.one_shot_slot_bytes);
+    h = detail::fnv_add(h, c.ring_chunk_bytes);
+    h = detail::fnv_add(h, c.ring_depth);
+    h = detail::fnv_add(h, c.tune);
+    return (static_cast<std::uint64_t>(h) << 1) | 1u;  // never 0
+  }
+
+  void launch_hello() {
+    set_device();
+    detail::hello_kernel<<<1, 32>>>(view(0), hello_token(), s_->cfg.timeout_ns, s_->hello_result);
+    RECCL_CUDA_CHECK(cudaGetLastError());
+  }
+  void collect_hello() {
+    set_device();
+    RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+    std::uint32_t r = 0;
+    RECCL_CUDA_CHECK(cudaMemcpy(&r, s_->hello_result, sizeof(r), cudaMemcpyDeviceToHost));
+    if (r == static_cast<std::uint32_t>(status::mismatch))
+      throw error(status::mismatch, "ranks were created with different nvlink_config (sizes or tuning table)");
+    if (r != 0) throw error(status::timeout, "a peer did not complete communicator creation within the timeout");
+  }
+
+  device::lsa_view view(int lane) const {
+    device::lsa_view v;
+    for (int r = 0; r < s_->nranks; ++r) v.scratch[r] = s_->scratch_peers[r];
+    v.L = s_->L;
+    v.rank = s_->rank;
+    v.nranks = s_->nranks;
+    v.lane = lane;
+    return v;
+  }
+
+  void check_lane(int lane) const {
+    if (lane < 0 || lane >= s_->cfg.lanes)
+      throw error(status::invalid_argument, "lane " + std::to_string(lane) + " outside [0, " + std::to_string(s_->cfg.lanes) + ")");
+  }
+
+  detail::registered_buffer const* find(void const* p, std::size_t bytes) const {
+    auto const* c = static_cast<char const*>(p);
+    for (auto const& b : s_->buffers)
+      if (c >= b.base && c + bytes <= b.base + b.bytes) return &b;
+    return nullptr;
+  }
+
+  struct shape {
+    int in_segments, out_segments;
+    std::uint64_t bytes;  // nccl-tests message size
+  };
+  shape shape_of(collective c, std::size_t count, dtype t) const {
+    device::pattern const P = device::make_pattern(c, s_->rank, s_->nranks, 0);
+    std::uint64_t const seg = static_cast<std::uint64_t>(count) * size_of(t);
+    std::uint64_t const bytes = c == collective::reduce_scatter ? seg * P.in_segments : seg * P.out_segments;
+    return {P.in_segments, P.out_segments, bytes};
+  }
+
+  /// Largest pack count any CTA gets (one-shot slot capacity check).
+  static std::uint64_t max_cta_packs(split const& sp, int ctas_per_vt, int grid, int v) {
+    std::uint64_t m = 0;
+    for (int c = 0; c < grid; ++c) {
+      std::uint64_t const np = device::packs_of(device::cta_range(sp, ctas_per_vt, c, v), v).size();
+      m = np > m ? np : m;
+    }
+    return m;
+  }
+
+  plan choose(collective c, void const* in, void const* out, std::size_t count, dtype t, launch_options const& o,
+              split* sp_out = nullptr) const {
+    nvlink_config const& cfg = s_->cfg;
+    tuning const& tu = cfg.tune;
+    shape const sh = shape_of(c, count, t);
+    std::uint64_t const seg = static_cast<std::uint64_t>(count) * size_of(t);
+    bool const registered = find(in, seg * sh.in_segments) != nullptr && find(out, seg * sh.out_segments) != nullptr;
+    bool const in_place = is_in_place(c, in, out, seg);
+    bool const lamport_type = t == dtype::float32 || t == dtype::float16 || t == dtype::bfloat16;
+    bool const one_shot_ok = reduces(c) && lamport_type;
+    int const V = t == dtype::float16 || t == dtype::bfloat16 ? 8 : t == dtype::float64 || t == dtype::int64 ? 2 : 4;
+    int const Vb = reduces(c) ? V : 16;  // copying collectives move raw bytes
+
+    plan p;
+    p.algo = o.algo;
+    if (p.algo == algorithm::automatic) {
+      if (registered && c == collective::all_reduce && (sh.bytes >= tu.zero_copy_min_bytes || !one_shot_ok))
+        p.algo = algorithm::two_shot;
+      else if (registered && c != collective::all_reduce && (sh.bytes >= tu.zero_copy_min_bytes || !one_shot_ok))
+        p.algo = algorithm::direct;
+      else if (one_shot_ok && sh.bytes <= tu.one_shot_max_bytes)
+        p.algo = algorithm::one_shot;
+      else
+        p.algo = algorithm::pipelined;
+    }
+    // validity of the (possibly explicit) algorithm
+    switch (p.algo) {
+      case algorithm::one_shot:
+        if (!one_shot_ok)
+          throw error(status::invalid_argument, "one_shot needs all_reduce/reduce_scatter on float32, float16 or bfloat16");
+        break;
+      case algorithm::two_shot:
+        if (c != collective::all_reduce) throw error(status::invalid_argument, "two_shot is an all_reduce algorithm");
+        [[fallthrough]];
+      case algorithm::direct:
+        if (!registered)
+          throw error(status::invalid_argument, std::string(device::name(p.algo)) +
+                                                    " needs buffers from allocate() (registered symmetric windows)");
+        if (p.algo == algorithm::direct && c == collective::all_reduce && in_place)
+          throw error(status::invalid_argument, "direct all_reduce is out-of-place only (use two_shot)");
+        break;
+      case algorithm::pipelined: break;
+      case algorithm::automatic: break;
+    }
+
+    // geometry
+    int grid = o.ctas;
+    int chunk = o.chunk_bytes;
+    if (p.algo == algorithm::one_shot) {
+      if (grid == 0) {
+        std::uint64_t const per = static_cast<std::uint64_t>(tu.one_shot_bytes_per_cta);
+        grid = static_cast<int>((sh.bytes + per - 1) / per);
+      }
+    } else if (p.algo == algorithm::pipelined) {
+      tune_row const& r = row_for(tu.pipelined, sh.bytes);
+      if (grid == 0) grid = r.ctas;
+      if (chunk == 0) chunk = r.chunk_bytes;
+    } else {
+      if (grid == 0) grid = row_for(tu.zero_copy, sh.bytes).ctas;
+    }
+    if (grid < 1) grid = 1;
+    if (grid > cfg.max_ctas) {
+      if (o.ctas != 0) throw error(status::invalid_argument, "ctas above the communicator's max_ctas");
+      grid = cfg.max_ctas;
+    }
+    split sp;
+    if (o.vt_split != nullptr) {
+      sp = *o.vt_split;
+      if (sp.n_vts < 1 || sp.n_vts > max_vts || sp.sum() != count)
+        throw error(status::invalid_argument, "vt_split: VT count outside [1, max_vts] or counts do not sum to count");
+      for (int i = 0; i < sp.n_vts; ++i)
+        if (!sp.live(i) && sp.count[i] != 0) throw error(status::invalid_argument, "vt_split: a masked VT holds elements");
+      p.n_vts = sp.n_vts;
+    } else {
+      int nv = o.vts != 0 ? o.vts : tu.vts;
+      if (nv < 1) nv = 1;
+      if (nv > max_vts) throw error(status::invalid_argument, "vts above max_vts");
+      p.n_vts = nv < grid ? nv : grid;
+      sp = detail::equal_split(count, p.n_vts);
+    }
+    p.ctas_per_vt = grid / p.n_vts;
+    if (p.ctas_per_vt < 1) p.ctas_per_vt = 1;
+    p.grid = p.n_vts * p.ctas_per_vt;
+    if (p.grid > cfg.max_ctas) throw error(status::invalid_argument, "VTs x CTAs per VT above max_ctas");
+    if (p.algo == algorithm::one_shot) {
+      std::uint64_t const cap = static_cast<std::uint64_t>(cfg.one_shot_slot_bytes) / 16;
+      if (max_cta_packs(sp, p.ctas_per_vt, p.grid, Vb) > cap) {
+        if (o.algo == algorithm::one_shot)
+          throw error(status::invalid_argument, "message too large for the one-shot slots with this CTA count");
+        p.algo = algorithm::pipelined;  // automatic choice: fall back
+        tune_row const& r = row_for(tu.pipelined, sh.bytes);
+        chunk = o.chunk_bytes != 0 ? o.chunk_bytes : r.chunk_bytes;
+      }
+    }
+    if (p.algo == algorithm::pipelined) {
+      if (chunk <= 0 || chunk % 16 != 0 || chunk > cfg.ring_chunk_bytes)
+        throw error(status::invalid_argument, "chunk_bytes must be a positive multiple of 16 up to ring_chunk_bytes");
+      p.chunk_packs = chunk / 16;
+    }
+    if (sp_out != nullptr) *sp_out = sp;
+    return p;
+  }
+
+  bool is_in_place(collective c, void const* in, void const* out, std::uint64_t seg) const {
+    auto const* i = static_cast<char const*>(in);
+    auto const* o = static_cast<char const*>(out);
+    switch (c) {
+      case collective::all_reduce:
+      case collective::broadcast:
+      case collective::all_to_all: return i == o;
+      case collective::reduce_scatter: return o == i + seg * s_->rank;
+      case collective::all_gather: return i == o + seg * s_->rank;
+    }
+    return false;
+  }
+
+  void run(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t stream,
+           launch_options const& o) {
+    // ---- validation (host side; throws before anything is launched)
+    if (static_cast<unsigned>(t) > static_cast<unsigned>(dtype::float64))
+      throw error(status::invalid_argument, "unknown dtype");
+    if (static_cast<unsigned>(op) > static_cast<unsigned>(redop::avg)) throw error(status::invalid_argument, "unknown redop");
+    if (root < 0 || root >= s_->nranks) throw error(status::invalid_argument, "root outside [0, ranks)");
+    check_lane(o.lane);
+    if (count == 0) return;
+    if (count > (std::uint64_t(1) << 40)) throw error(status::invalid_argument, "count above 2^40 elements");
+    bool const reads_in = c != collective::broadcast || s_->rank == root;
+    if ((reads_in && in == nullptr) || out == nullptr) throw error(status::invalid_argument, "null buffer pointer");
+    std::size_t const es = size_of(t);
+    if ((reinterpret_cast<std::uintptr_t>(in) % es) != 0 || (reinterpret_cast<std::uintptr_t>(out) % es) != 0)
+      throw error(status::invalid_argument, "buffer pointer not aligned to the element size");
+    shape const sh = shape_of(c, count, t);
+    std::uint64_t const seg = static_cast<std::uint64_t>(count) * es;
+    bool const in_place = reads_in && is_in_place(c, in, out, seg);
+    if (c == collective::all_to_all && in_place) throw error(status::invalid_argument, "all_to_all cannot run in place");
+    if (reads_in && !in_place) {
+      auto const* i0 = static_cast<char const*>(in);
+      auto const* o0 = static_cast<char const*>(out);
+      if (i0 < o0 + seg * sh.out_segments && o0 < i0 + seg * sh.in_segments)
+        throw error(status::invalid_argument, "input and output overlap (other than the in-place layout)");
+    }
+
+    split sp;
+    plan const p = choose(c, in, out, count, t, o, &sp);
+
+    device::coll_args a;
+    a.coll = c;
+    a.op = op;
+    a.algo = p.algo;
+    a.in_place = in_place;
+    a.root = root;
+    a.ctas_per_vt = p.ctas_per_vt;
+    a.chunk_packs = p.chunk_packs;
+    a.count = count;
+    a.seg_bytes = seg;
+    a.timeout_ns = s_->cfg.timeout_ns;
+    a.in = reads_in ? in : out;
+    a.out = out;
+    a.sp = sp;
+    a.view = view(o.lane);
+    bool vec = (reinterpret_cast<std::uintptr_t>(a.in) % 16 == 0) && (reinterpret_cast<std::uintptr_t>(out) % 16 == 0);
+    if (sh.in_segments > 1 || sh.out_segments > 1) vec = vec && seg % 16 == 0;
+    a.vec_ok = vec;
+
+    std::uint32_t h = 2166136261u;
+    h = detail::fnv_add(h, c);
+    h = detail::fnv_add(h, op);
+    h = detail::fnv_add(h, t);
+    h = detail::fnv_add(h, static_cast<std::uint64_t>(count));
+    h = detail::fnv_add(h, root);
+    h = detail::fnv_add(h, p.algo);
+    h = detail::fnv_add(h, p.grid);
+    h = detail::fnv_add(h, p.ctas_per_vt);
+    h = detail::fnv_add(h, p.chunk_packs);
+    h = detail::fnv_add(h, o.lane);
+    h = detail::fnv_add(h, sp);
+    if (p.algo == algorithm::two_shot || p.algo == algorithm::direct) {
+      auto const* bi = find(a.in, seg * sh.in_segments);
+      auto const* bo = find(out, seg * sh.out_segments);
+      std::uint64_t const oi = static_cast<std::uint64_t>(static_cast<char const*>(a.in) - bi->base);
+      std::uint64_t const oo = static_cast<std::uint64_t>(static_cast<char const*>(out) - bo->base);
+      h = detail::fnv_add(h, oi);
+      h = detail::fnv_add(h, oo);
+      h = detail::fnv_add(h, static_cast<std::uint64_t>(bi->bytes));
+      h = detail::fnv_add(h, static_cast<std::uint64_t>(bo->bytes));
+      for (int r = 0; r < s_->nranks; ++r) {
+        a.peer_in[r] = bi->peers[r] + oi;
+        a.peer_out[r] = bo->peers[r] + oo;
+      }
+    }
+    a.desc = h;
+
+    device::kernel_fn const k = device::select_kernel(p.algo, c, t);
+    if (k == nullptr) throw error(status::invalid_argument, "no kernel for this algorithm and dtype");
+    device_guard g(s_->dev);
+    cudaError_t const e = device::launch_kernel(k, p.grid, a, stream, s_->cfg.pdl);
+    if (e != cudaSuccess) throw error(status::internal, std::string("kernel launch: ") + cudaGetErrorString(e));
+  }
+};
+
+}  // namespace reccl

@@ -1,0 +1,60 @@
+// reccl/host/nccl.hpp -- the one place NCCL enters reccl: headers, version detection, error checks.
+//
+// reccl's device path needs NCCL >= 2.28.3 (symmetric windows, ncclDevCommCreate, LSA pointers).
+// The device API has no ABI guarantee across NCCL releases, so reccl must be compiled against the
+// NCCL it runs with; differences between releases are hidden here behind NCCL_VERSION_CODE.
+#pragma once
+
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <cstring>
+#include <string>
+
+#include "error.hpp"
+
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 3)
+#error "reccl's NVLink path needs NCCL >= 2.28.3 (symmetric windows and the device API)"
+#endif
+
+/// 2.29 made ncclDevCommRequirements a versioned struct that must start from its initializer.
+#define RECCL_NCCL_HAS_VERSIONED_REQUIREMENTS (NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0))
+
+namespace reccl::detail {
+
+/// NCCL's message for `r`, plus the communicator's last detailed error when there is one.
+inline std::string nccl_message(ncclResult_t r, ncclComm_t comm) {
+  std::string m = ncclGetErrorString(r);
+  char const* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') m += std::string(" (") + last + ")";
+  return m;
+}
+
+inline void check_nccl(ncclResult_t r, ncclComm_t comm, char const* what) {
+  if (r == ncclSuccess) return;
+  status const s = (r == ncclInvalidArgument || r == ncclInvalidUsage) ? status::invalid_argument : status::internal;
+  throw error(s, std::string(what) + " failed: " + nccl_message(r, comm));
+}
+
+/// Empty device-communicator requirements for the NCCL this was compiled against.
+inline ncclDevCommRequirements empty_requirements() {
+#if RECCL_NCCL_HAS_VERSIONED_REQUIREMENTS
+  ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  ncclDevCommRequirements reqs;
+  std::memset(&reqs, 0, sizeof(reqs));
+#endif
+  return reqs;
+}
+
+/// NCCL version of the library actually loaded (may differ from the headers'; reccl refuses that).
+inline int loaded_nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return v;
+}
+
+}  // namespace reccl::detail
+
+/// Throw reccl::error with NCCL's message if `expr` fails; `comm` may be nullptr.
+#define RECCL_NCCL_CHECK(comm, expr) ::reccl::detail::check_nccl((expr), (comm), #expr)
