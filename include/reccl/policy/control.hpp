@@ -90,21 +90,20 @@ struct control {
     return has_next_model && next_model.from_epoch <= epoch ? next_model : model;
   }
 
-  /// FNV-1a digest of everything step() reads besides the records: epoch, shares, mask, probe
-  /// bookkeeping, the model for this epoch. Equal on every rank that will compute the same split.
+  /// Digest (the record checksum's hash) of everything step() reads besides the records: epoch,
+  /// shares, mask, probe bookkeeping, the model for this epoch. Equal on every rank that will
+  /// compute the same split.
   RECCL_HOST_DEVICE constexpr std::uint64_t digest() const {
-    std::uint64_t h = detail::fnv_offset;
-    h = detail::fnv1a(h, epoch);
-    h = detail::fnv1a(h, static_cast<std::uint32_t>(share.n_vts), 4);
-    h = detail::fnv1a(h, share.live_mask, 4);
-    for (int i = 0; i < max_vts; ++i) h = detail::fnv1a(h, share.w[i], 4);
-    h = detail::fnv1a(h, probe_mask, 4);
-    h = detail::fnv1a(h, static_cast<std::uint32_t>(since_probe), 4);
+    std::uint64_t h = detail::hash_seed;
+    h = detail::hash_word(h, epoch);
+    h = detail::hash_word(h, detail::pack32(static_cast<std::uint32_t>(share.n_vts), share.live_mask));
+    for (int i = 0; i < max_vts; i += 2) h = detail::hash_word(h, detail::pack32(share.w[i], share.w[i + 1]));
+    h = detail::hash_word(h, detail::pack32(probe_mask, static_cast<std::uint32_t>(since_probe)));
     telemetry::cost_model_q const& m = current_model();
-    h = detail::fnv1a(h, m.alpha);
-    h = detail::fnv1a(h, m.beta);
-    h = detail::fnv1a(h, m.delta);
-    return h;
+    h = detail::hash_word(h, m.alpha);
+    h = detail::hash_word(h, m.beta);
+    h = detail::hash_word(h, m.delta);
+    return detail::hash_finish(h);
   }
 
   /// This rank's sealed record of the current epoch from its telemetry and its fault / probe bits.

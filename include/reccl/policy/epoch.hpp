@@ -36,11 +36,16 @@
 //     if (r.st == reccl::status::timeout) { /* every VT is lost: a clean error, no hang */ }
 //   }
 //
-// The record checksum is 64-bit FNV-1a (offset basis 0xcbf29ce484222325, prime 0x100000001b3) over
-// the bytes of each field's value, least significant byte first, in this order: epoch (8 bytes),
-// rank (4), n_vts (4), fault_mask (4), probe_ok_mask (4), state_digest (8), stalls[0..n_vts) (8
-// each), bytes[0..n_vts) (8 each). It is defined on values, not memory layout, so it is the same on
-// any host or device; it detects corruption and stale or misplaced records, it is not a MAC.
+// The record checksum is xxHash64-style over 64-bit words: starting from h = P5, for each word v
+//   h ^= rotl64(v · P2, 31) · P1;   h = rotl64(h, 27) · P1 + P4
+// (xxHash64's step for a trailing 8-byte lane), then xxHash64's avalanche
+//   h ^= h >> 33; h ·= P2; h ^= h >> 29; h ·= P3; h ^= h >> 32,
+// with P1..P5 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
+// 0x27D4EB2F165667C5 and all arithmetic mod 2^64. The words, in order: epoch; rank | n_vts << 32;
+// fault_mask | probe_ok_mask << 32; state_digest; stalls[0..n_vts); bytes[0..n_vts) (32-bit fields
+// as unsigned). Defined on values, not memory layout, so it is the same on any host or device; it
+// detects corruption and stale or misplaced records, it is not a MAC. control::digest() uses the
+// same hash.
 #pragma once
 
 #include <cstdint>
@@ -54,16 +59,30 @@
 namespace reccl {
 
 namespace detail {
-inline constexpr std::uint64_t fnv_offset = 0xcbf29ce484222325ull;
-inline constexpr std::uint64_t fnv_prime = 0x100000001b3ull;
+inline constexpr std::uint64_t hash_p1 = 0x9E3779B185EBCA87ull, hash_p2 = 0xC2B2AE3D27D4EB4Full,
+                               hash_p3 = 0x165667B19E3779F9ull, hash_p4 = 0x85EBCA77C2B2AE63ull,
+                               hash_seed = 0x27D4EB2F165667C5ull;
 
-/// FNV-1a over the `nbytes` low bytes of v, least significant first.
-RECCL_HOST_DEVICE constexpr std::uint64_t fnv1a(std::uint64_t h, std::uint64_t v, int nbytes = 8) {
-  for (int k = 0; k < nbytes; ++k) {
-    h ^= (v >> (8 * k)) & 0xffu;
-    h *= fnv_prime;
-  }
-  return h;
+RECCL_HOST_DEVICE constexpr std::uint64_t rotl64(std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+/// Adds one 64-bit word to a running hash (see the file comment).
+RECCL_HOST_DEVICE constexpr std::uint64_t hash_word(std::uint64_t h, std::uint64_t v) {
+  h ^= rotl64(v * hash_p2, 31) * hash_p1;
+  return rotl64(h, 27) * hash_p1 + hash_p4;
+}
+
+/// Two 32-bit values as one word: lo | hi << 32.
+RECCL_HOST_DEVICE constexpr std::uint64_t pack32(std::uint32_t lo, std::uint32_t hi) {
+  return lo | (static_cast<std::uint64_t>(hi) << 32);
+}
+
+/// The final avalanche (see the file comment).
+RECCL_HOST_DEVICE constexpr std::uint64_t hash_finish(std::uint64_t h) {
+  h ^= h >> 33;
+  h *= hash_p2;
+  h ^= h >> 29;
+  h *= hash_p3;
+  return h ^ (h >> 32);
 }
 }  // namespace detail
 
@@ -84,16 +103,14 @@ struct epoch_record {
 /// The record's checksum (see the file comment for the exact definition).
 RECCL_HOST_DEVICE constexpr std::uint64_t record_checksum(epoch_record const& r) {
   int const n = r.n_vts < 0 ? 0 : (r.n_vts > max_vts ? max_vts : r.n_vts);
-  std::uint64_t h = detail::fnv_offset;
-  h = detail::fnv1a(h, r.epoch);
-  h = detail::fnv1a(h, static_cast<std::uint32_t>(r.rank), 4);
-  h = detail::fnv1a(h, static_cast<std::uint32_t>(r.n_vts), 4);
-  h = detail::fnv1a(h, r.fault_mask, 4);
-  h = detail::fnv1a(h, r.probe_ok_mask, 4);
-  h = detail::fnv1a(h, r.state_digest);
-  for (int i = 0; i < n; ++i) h = detail::fnv1a(h, r.stalls[i]);
-  for (int i = 0; i < n; ++i) h = detail::fnv1a(h, r.bytes[i]);
-  return h;
+  std::uint64_t h = detail::hash_seed;
+  h = detail::hash_word(h, r.epoch);
+  h = detail::hash_word(h, detail::pack32(static_cast<std::uint32_t>(r.rank), static_cast<std::uint32_t>(r.n_vts)));
+  h = detail::hash_word(h, detail::pack32(r.fault_mask, r.probe_ok_mask));
+  h = detail::hash_word(h, r.state_digest);
+  for (int i = 0; i < n; ++i) h = detail::hash_word(h, r.stalls[i]);
+  for (int i = 0; i < n; ++i) h = detail::hash_word(h, r.bytes[i]);
+  return detail::hash_finish(h);
 }
 
 /// Sets r.checksum; call after the last field is written.

@@ -51,7 +51,8 @@ struct cost_model_q {
     if (c > coef_limit) c = coef_limit;
     std::uint64_t const hi = x >> frac_bits, lo = x & ((std::uint64_t{1} << frac_bits) - 1);
     std::uint64_t const low = (lo * c) >> frac_bits;  // lo < 2^24, c < 2^40
-    if (hi != 0 && c > (~std::uint64_t{0} - low) / hi) return ~std::uint64_t{0};
+    // hi < 2^24 (x < 2^48) cannot overflow: hi · c < 2^64 - 2^40. Only beyond that, the division.
+    if ((hi >> 24) != 0 && c > (~std::uint64_t{0} - low) / hi) return ~std::uint64_t{0};
     return hi * c + low;
   }
 };
