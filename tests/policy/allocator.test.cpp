@@ -418,7 +418,7 @@ TEST_CASE("texcp: the raw rule's trap is closed and a VT at the floor comes back
   CHECK(steps <= 12);
 }
 
-TEST_CASE("texcp: VTs without an estimate keep their share; the floor holds; identical calls agree") {
+TEST_CASE("texcp: VTs without an estimate keep their share, the floor holds, identical calls agree") {
   allocator::texcp const a{};
   std::mt19937_64 rng(5);
   for (int trial = 0; trial < 2000; ++trial) {

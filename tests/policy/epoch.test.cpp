@@ -244,7 +244,7 @@ TEST_CASE("combine: a failed check names the epoch, the rank and the check") {
   CHECK(combine(nullptr, 1, expect, model).st == status::invalid_argument);
 }
 
-TEST_CASE("combine: per VT the slowest rank's estimate counts; faults OR, probes AND over ranks") {
+TEST_CASE("combine: per VT the slowest rank's estimate counts, faults OR and probes AND over ranks") {
   std::mt19937_64 rng(3);
   int const nranks = 5, n = 4;
   telemetry::cost_model_q model{};
@@ -409,7 +409,7 @@ TEST_CASE("control loop: a rank whose state diverged is reported by the others, 
   (void)used;
 }
 
-TEST_CASE("control loop: a new cost model switches at its epoch on every rank; a late rank is caught") {
+TEST_CASE("control loop: a new cost model switches at its epoch on every rank, a late rank is caught") {
   communicator c(3, {1, 2, 4});
   for (int e = 0; e < 2; ++e) c.collective();
   telemetry::cost_model_q next = stall_clock();

@@ -161,7 +161,7 @@ TEST_CASE("cost_model_q evaluates the quantized model within rounding of the dou
   }
 }
 
-TEST_CASE("cost_model_q: saturates instead of wrapping; negative or NaN fits become zero") {
+TEST_CASE("cost_model_q: saturates instead of wrapping, negative or NaN fits become zero") {
   telemetry::cost_model_q q;
   q.alpha = telemetry::cost_model_q::coef_limit;
   q.beta = telemetry::cost_model_q::coef_limit;
