@@ -16,6 +16,7 @@
 // communicator is failed: every later call throws (as after an NCCL abort, build a new one).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +32,7 @@
 #include "../policy/allocator/allocator.hpp"
 #include "../policy/control.hpp"
 #include "../policy/epoch.hpp"
+#include "../policy/schedule/schedule.hpp"
 #include "../policy/telemetry/cost_model.hpp"
 #include "../types.hpp"
 #include "faults.hpp"
@@ -51,6 +53,7 @@ struct config {
   std::uint64_t granule = 0;                  ///< VT block boundaries: multiples of this many elements (0: 256 bytes' worth)
   std::uint64_t tile = 1024;                  ///< schedule tile (elements) for interleaved chunking
   int ranks_per_node = 0;                     ///< schedule params (0: one node)
+  std::vector<schedule::relay_route> relays{};  ///< schedule params: all-to-all relays (at most max_relays)
   std::uint64_t probe_bytes = 4096;           ///< size of the block a probe moves (per probed VT)
   std::uint64_t probe_grace_ns = 2'000'000;   ///< a probe may run this long past the start of the collective
   bool count_data_waits = true;               ///< count waits for data as stalls too (see engine.hpp)
@@ -192,6 +195,8 @@ class communicator {
     if (cfg_.poll_quantum_ns == 0 || cfg_.wait_timeout_ns == 0 || cfg_.arrival_timeout_ns == 0 || cfg_.sync_timeout_ns == 0)
       bad("poll quantum and timeouts must be positive");
     if (cfg_.tile == 0) bad("tile must be positive");
+    if (cfg_.relays.size() > static_cast<std::size_t>(schedule::max_relays))
+      bad("at most " + std::to_string(schedule::max_relays) + " relay routes");
     for (auto const& f : cfg_.faults.faults)
       if (f.vt < 0 || f.vt >= cfg_.n_vts || f.src_rank >= cfg_.nranks)
         bad("fault plan names VT " + std::to_string(f.vt) + " / rank " + std::to_string(f.src_rank) + " outside the communicator");

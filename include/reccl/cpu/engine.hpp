@@ -137,6 +137,8 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   p.root = root;
   p.ranks_per_node = cfg.ranks_per_node;
   p.tile = cfg.tile;
+  p.n_relays = static_cast<std::int32_t>(cfg.relays.size());
+  for (std::size_t k = 0; k < cfg.relays.size(); ++k) p.relays[k] = cfg.relays[k];
   if constexpr (requires { S::check(p); }) {
     schedule::check_result const c = S::check(p);
     if (!c.ok()) invalid(std::string("schedule parameters: ") + c.reason);

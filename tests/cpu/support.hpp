@@ -1,0 +1,173 @@
+// Shared helpers of the CPU engine tests: random data that never is all zeros, references, and a
+// runtime dispatch over (collective, schedule) plans and element types.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <reccl/collective.hpp>
+#include <reccl/cpu/numeric.hpp>
+#include <reccl/policy/allocator/aimd.hpp>
+#include <reccl/policy/allocator/equal.hpp>
+#include <reccl/policy/allocator/proportional.hpp>
+#include <reccl/policy/allocator/texcp.hpp>
+#include <reccl/policy/schedule/all_to_all.hpp>
+#include <reccl/policy/schedule/multirail_broadcast.hpp>
+#include <reccl/policy/schedule/one_shot.hpp>
+#include <reccl/policy/schedule/replay.hpp>
+#include <reccl/policy/schedule/ring.hpp>
+#include <reccl/policy/schedule/tree.hpp>
+#include <reccl/policy/schedule/two_shot.hpp>
+#include <reccl/policy/telemetry/none.hpp>
+#include <reccl/policy/telemetry/stall_counter.hpp>
+
+namespace reccl_test {
+
+using namespace reccl;
+
+/// A (collective, schedule) pair the CPU engine runs.
+enum class plan : int {
+  ar_ring, ar_tree, ar_one_shot, ar_two_shot,
+  rs_ring, rs_one_shot, rs_two_shot,
+  ag_ring, ag_one_shot,
+  bc_ring, bc_tree, bc_one_shot, bc_multirail,
+  a2a_direct, a2a_one_shot,
+  count_
+};
+inline constexpr int n_plans = static_cast<int>(plan::count_);
+
+inline char const* plan_name(plan p) {
+  static char const* const names[] = {"all_reduce/ring", "all_reduce/tree", "all_reduce/one_shot", "all_reduce/two_shot",
+                                      "reduce_scatter/ring", "reduce_scatter/one_shot", "reduce_scatter/two_shot",
+                                      "all_gather/ring", "all_gather/one_shot",
+                                      "broadcast/ring", "broadcast/tree", "broadcast/one_shot", "broadcast/multirail",
+                                      "all_to_all/direct", "all_to_all/one_shot"};
+  return names[static_cast<int>(p)];
+}
+
+/// Calls f.template operator()<Kind, S>() for plan p.
+template <class F>
+decltype(auto) with_plan(plan p, F&& f) {
+  using namespace reccl::schedule;
+  switch (p) {
+    case plan::ar_ring: return f.template operator()<collective::all_reduce, ring>();
+    case plan::ar_tree: return f.template operator()<collective::all_reduce, tree>();
+    case plan::ar_one_shot: return f.template operator()<collective::all_reduce, one_shot>();
+    case plan::ar_two_shot: return f.template operator()<collective::all_reduce, two_shot>();
+    case plan::rs_ring: return f.template operator()<collective::reduce_scatter, ring>();
+    case plan::rs_one_shot: return f.template operator()<collective::reduce_scatter, one_shot>();
+    case plan::rs_two_shot: return f.template operator()<collective::reduce_scatter, two_shot>();
+    case plan::ag_ring: return f.template operator()<collective::all_gather, ring>();
+    case plan::ag_one_shot: return f.template operator()<collective::all_gather, one_shot>();
+    case plan::bc_ring: return f.template operator()<collective::broadcast, ring>();
+    case plan::bc_tree: return f.template operator()<collective::broadcast, tree>();
+    case plan::bc_one_shot: return f.template operator()<collective::broadcast, one_shot>();
+    case plan::bc_multirail: return f.template operator()<collective::broadcast, multirail_broadcast>();
+    case plan::a2a_direct: return f.template operator()<collective::all_to_all, reccl::schedule::all_to_all>();
+    case plan::a2a_one_shot:
+    default: return f.template operator()<collective::all_to_all, one_shot>();
+  }
+}
+
+inline constexpr dtype all_dtypes[] = {dtype::int32, dtype::int64, dtype::float16, dtype::bfloat16, dtype::float32,
+                                       dtype::float64};
+
+/// Calls f.template operator()<T>() for dtype t.
+template <class F>
+decltype(auto) with_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::int32: return f.template operator()<std::int32_t>();
+    case dtype::int64: return f.template operator()<std::int64_t>();
+    case dtype::float16: return f.template operator()<half>();
+    case dtype::bfloat16: return f.template operator()<bfloat16>();
+    case dtype::float32: return f.template operator()<float>();
+    case dtype::float64:
+    default: return f.template operator()<double>();
+  }
+}
+
+template <class T> constexpr bool is_16bit_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+template <class T>
+T from_double(double x) {
+  if constexpr (is_16bit_float<T>) return T(static_cast<float>(x));
+  else return static_cast<T>(x);
+}
+template <class T>
+double to_double(T x) {
+  if constexpr (is_16bit_float<T>) return static_cast<double>(static_cast<float>(x));
+  else return static_cast<double>(x);
+}
+
+/// Random nonzero data. `exact`: values for which every fold order gives the same bits (integers
+/// with wrap-around; floats: small nonzero integers for sum/avg, ±{1/2, 1, 2} for prod).
+/// Otherwise general values (full-range integers, uniform floats in ±[1/64, 1)).
+template <class T>
+std::vector<T> random_data(std::mt19937_64& g, std::uint64_t n, redop op, bool exact) {
+  std::vector<T> v(n);
+  if constexpr (std::is_integral_v<T>) {
+    for (auto& x : v) {
+      do x = static_cast<T>(g()); while (x == 0);
+    }
+  } else {
+    std::uniform_real_distribution<double> u(1.0 / 64, 1.0);
+    for (auto& x : v) {
+      double const sign = (g() & 1) ? 1.0 : -1.0;
+      if (!exact || op == redop::min || op == redop::max) x = from_double<T>(sign * u(g));
+      else if (op == redop::prod) {
+        static constexpr double p[] = {0.5, 1.0, 2.0};
+        x = from_double<T>(sign * p[g() % 3]);
+      } else {
+        x = from_double<T>(sign * static_cast<double>(1 + g() % 8));
+      }
+    }
+  }
+  return v;
+}
+
+template <class T>
+void poison(std::vector<T>& v) {
+  if (!v.empty()) std::memset(static_cast<void*>(v.data()), 0xa5, v.size() * sizeof(T));
+}
+
+template <class T>
+bool bitwise_equal(std::vector<T> const& a, std::vector<T> const& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+/// Index of the first difference, or -1.
+template <class T>
+long first_difference(std::vector<T> const& a, std::vector<T> const& b) {
+  if (a.size() != b.size()) return 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<long>(i);
+  return -1;
+}
+
+/// The naive reference: reccl::schedule::reference_output with the engine's ⊕, then avg's division.
+template <class T>
+std::vector<T> reference(collective c, int nranks, int root, std::uint64_t count, std::vector<std::vector<T>> const& in,
+                         redop op, int rank) {
+  schedule::params p{};
+  p.coll = c;
+  p.nranks = nranks;
+  p.root = root;
+  auto out = schedule::reference_output(p, count, in, [op](T a, T b) { return cpu::combine(op, a, b); }, rank);
+  if (reduces(c) && op == redop::avg)
+    for (auto& x : out) x = cpu::average(x, nranks);
+  return out;
+}
+
+/// Elements of the user's send / receive buffers.
+inline std::uint64_t send_len(collective c, int n, std::uint64_t count) {
+  return (c == collective::reduce_scatter || c == collective::all_to_all) ? count * n : count;
+}
+inline std::uint64_t recv_len(collective c, int n, std::uint64_t count) {
+  return (c == collective::all_gather || c == collective::all_to_all) ? count * n : count;
+}
+
+}  // namespace reccl_test
