@@ -432,16 +432,31 @@ TEST_CASE("texcp: VTs without an estimate keep their share, the floor holds, ide
     shares const r1 = a.update(s, o), r2 = a.update(s, o);
     REQUIRE(check(r1) == status::ok);
     CHECK(same(r1, r2));
-    std::uint64_t est_mass = 0;
-    int n_est = 0;
-    for (int i = 0; i < n; ++i)
-      if (((mask >> i) & 1u) && o.time[i] > 0) ++n_est, est_mass += s.w[i];
+    int const live = __builtin_popcount(mask);
+    bool lifted = false;  // some VT ended at the floor: the floor may have taken from everyone
     for (int i = 0; i < n; ++i) {
       if (!((mask >> i) & 1u)) continue;
-      if (o.time[i] == 0) CHECK(r1.w[i] == s.w[i]);
-      else if (n_est >= 2) CHECK(r1.w[i] >= std::min<std::uint64_t>(a.min_share, est_mass / n_est));
+      CHECK(r1.w[i] >= std::min<std::uint32_t>(a.min_share, share_one / live));
+      lifted |= r1.w[i] <= a.min_share;
     }
+    if (!lifted)
+      for (int i = 0; i < n; ++i)
+        if (((mask >> i) & 1u) && o.time[i] == 0) CHECK(r1.w[i] == s.w[i]);
   }
+}
+
+TEST_CASE("a VT that joins with a zero share is lifted to the floor, so it cannot stick at zero") {
+  shares const s = equal_shares(4, 0b0111);
+  vt_observation o{};
+  o.n_vts = 4;
+  o.live_mask = 0xf;
+  for (int i = 0; i < 3; ++i) o.time[i] = 1000 + 100 * i;
+  shares const joined = remask(s, 0xf, 0);
+  REQUIRE(check(joined) == status::ok);
+  CHECK(joined.w[3] == 0);
+  CHECK(allocator::texcp{}.update(joined, o).w[3] == allocator::texcp{}.min_share);
+  CHECK(allocator::proportional{}.update(joined, o).w[3] == allocator::proportional{}.min_share);
+  CHECK(allocator::aimd{}.update(joined, o).w[3] == allocator::aimd{}.min_share);
 }
 
 TEST_CASE("texcp follows a mask change: a masked VT gets zero, a joining VT its floor share") {

@@ -27,9 +27,10 @@ struct aimd {
   std::uint32_t increase = share_one >> 5;    ///< additive increase per collective, Q30; default 1/32
   std::uint32_t decrease = 32768;             ///< multiplicative decrease factor, Q16; default q16(0.5)
   std::uint32_t tolerance = 3277;             ///< congested when T_i > T̄ · (1 + tolerance), Q16; default q16(0.05)
-  std::uint32_t min_share = share_one >> 10;  ///< floor of a live VT's share, Q30; default 1/1024 (also the share a joining VT gets)
+  std::uint32_t min_share = share_one >> 10;  ///< every live VT ends an update with at least this share, Q30; default 1/1024 (also the share a joining VT gets)
 
-  /// Next shares; VTs without an estimate (time 0) keep their share. Deterministic.
+  /// Next shares; VTs without an estimate (time 0) keep their share; then a live VT below
+  /// min_share is lifted to it. Deterministic.
   RECCL_HOST_DEVICE constexpr shares update(shares const& prev, vt_observation const& o) const {
     shares s = detail::start_from(prev, o, min_share);
     if (check(s) != status::ok) return s;
@@ -41,7 +42,10 @@ struct aimd {
       mass += s.w[i];
       weighted += s.w[i] * t[i];
     }
-    if (mass == 0) return s;
+    if (mass == 0) {
+      detail::apply_floor(s.w, s.live_mask, min_share);
+      return s;
+    }
     std::uint64_t const mean = weighted / mass;  // T̄, at most 2^20
     std::uint64_t const limit = mean * (65536 + static_cast<std::uint64_t>(tolerance));  // T̄(1 + tol), Q16
     for (int i = 0; i < max_vts; ++i) {
@@ -51,7 +55,7 @@ struct aimd {
                          : static_cast<std::uint64_t>(s.w[i]) + increase;
     }
     detail::distribute(raw, est, mass, s.w);
-    detail::apply_floor(s.w, est, min_share);
+    detail::apply_floor(s.w, s.live_mask, min_share);
     return s;
   }
 };

@@ -160,11 +160,6 @@ RECCL_HOST_DEVICE constexpr void normalize_times(std::uint64_t const* time, std:
   }
 }
 
-/// The shares an allocator starts its update from: `prev` moved onto the observation's live mask
-/// (remask, joining VTs get `join_share`), or equal shares when `prev` is invalid or describes a
-/// different VT count (a new communicator shape starts over).
-RECCL_HOST_DEVICE constexpr shares start_from(shares const& prev, vt_observation const& o, std::uint32_t join_share);
-
 /// VTs that are live in `s` and have an estimate (time > 0) in `o`.
 RECCL_HOST_DEVICE constexpr std::uint32_t estimated(shares const& s, vt_observation const& o) {
   std::uint32_t m = 0;
@@ -243,6 +238,9 @@ RECCL_HOST_DEVICE constexpr split to_split(shares const& s, std::uint64_t total,
 }
 
 namespace detail {
+/// The shares an allocator starts its update from: `prev` moved onto the observation's live mask
+/// (remask, joining VTs get `join_share`), or equal shares when `prev` is invalid or describes a
+/// different VT count (a new communicator shape starts over).
 RECCL_HOST_DEVICE constexpr shares start_from(shares const& prev, vt_observation const& o, std::uint32_t join_share) {
   if (check(prev) != status::ok || prev.n_vts != o.n_vts) return equal_shares(o.n_vts, o.live_mask);
   return remask(prev, o.live_mask, join_share);

@@ -20,10 +20,11 @@ namespace reccl::allocator {
 
 /// Proportional allocator (see the file comment).
 struct proportional {
-  std::uint32_t min_share = share_one >> 10;  ///< floor of a live VT's share, Q30; default 1/1024 (also the share a joining VT gets)
+  std::uint32_t min_share = share_one >> 10;  ///< every live VT ends an update with at least this share, Q30; default 1/1024 (also the share a joining VT gets)
 
   /// Next shares: each VT with an estimate gets a part of the estimated VTs' total share in
-  /// proportion to w_i / T_i; VTs without an estimate (time 0) keep their share. Deterministic.
+  /// proportion to w_i / T_i; VTs without an estimate (time 0) keep their share; then a live VT
+  /// below min_share is lifted to it. Deterministic.
   RECCL_HOST_DEVICE constexpr shares update(shares const& prev, vt_observation const& o) const {
     shares s = detail::start_from(prev, o, min_share);
     if (check(s) != status::ok) return s;
@@ -36,7 +37,7 @@ struct proportional {
       raw[i] = (static_cast<std::uint64_t>(s.w[i]) << 20) / t[i];  // t_i >= 1
     }
     if (est != 0) detail::distribute(raw, est, mass, s.w);
-    detail::apply_floor(s.w, est, min_share);
+    detail::apply_floor(s.w, s.live_mask, min_share);
     return s;
   }
 };

@@ -52,10 +52,12 @@ struct texcp {
   std::uint32_t eta = 49152;               ///< step size η, Q16, used up to 2.0; default q16(0.75)
   std::uint32_t min_factor = 32768;        ///< a VT keeps at least this fraction of its share per step, Q16; default q16(0.5)
   std::uint32_t epsilon = 64;              ///< added to the slowest VT's factor, Q16; default q16(1/1024)
-  std::uint32_t min_share = share_one >> 10;  ///< floor of a live VT's share, Q30; default 1/1024 (also the share a joining VT gets)
+  std::uint32_t min_share = share_one >> 10;  ///< every live VT ends an update with at least this share, Q30; default 1/1024 (also the share a joining VT gets)
 
   /// Next shares from the previous shares and the times of the last collective. VTs without an
-  /// estimate (time 0) keep their share; with fewer than two estimates nothing moves. Deterministic.
+  /// estimate (time 0) keep their share, with fewer than two estimates nothing moves, except that
+  /// a live VT below min_share is lifted to it (taking from the others in proportion to their
+  /// excess). Deterministic.
   RECCL_HOST_DEVICE constexpr shares update(shares const& prev, vt_observation const& o) const {
     shares s = detail::start_from(prev, o, min_share);
     if (check(s) != status::ok) return s;
@@ -71,7 +73,10 @@ struct texcp {
       weighted += s.w[i] * t[i];
       if (slowest < 0 || t[i] > t[slowest]) slowest = i;  // ties: the lower id
     }
-    if (n_est < 2 || mass == 0) return s;
+    if (n_est < 2 || mass == 0) {
+      detail::apply_floor(s.w, s.live_mask, min_share);
+      return s;
+    }
     std::uint64_t mean = weighted / mass;  // T̄ in the units of t (max 2^20)
     if (mean == 0) mean = 1;
     std::int64_t const step = eta < 131072u ? eta : 131072;  // η <= 2 keeps step * r in 64 bits
@@ -100,7 +105,7 @@ struct texcp {
     } else {
       detail::distribute(raw, est, mass, s.w);
     }
-    detail::apply_floor(s.w, est, min_share);
+    detail::apply_floor(s.w, s.live_mask, min_share);
     return s;
   }
 };
