@@ -23,6 +23,13 @@ static_assert(Allocator<allocator::proportional>);
 static_assert(Allocator<allocator::texcp>);
 static_assert(Allocator<allocator::aimd>);
 
+// The documented defaults, spelled as the values they encode.
+static_assert(allocator::texcp{}.eta == q16(0.75) && allocator::texcp{}.min_factor == q16(0.5) &&
+              allocator::texcp{}.epsilon == q16(1.0 / 1024) && allocator::texcp{}.min_share == share_one / 1024);
+static_assert(allocator::aimd{}.decrease == q16(0.5) && allocator::aimd{}.tolerance == q16(0.05) &&
+              allocator::aimd{}.increase == share_one / 32);
+static_assert(q16(-1) == 0 && q16(1e9) == 0xffffffffu);
+
 namespace {
 
 constexpr double one = static_cast<double>(share_one);

@@ -42,9 +42,12 @@ concept Allocator = std::is_trivially_copyable_v<A> && std::default_initializabl
                       { a.update(s, o) } -> std::same_as<shares>;
                     };
 
-/// Q16 fixed-point encoding of an allocator tunable (1.0 -> 65536). For compile-time or host-side
-/// use: the result is what every rank passes in, so the allocator itself never touches floats.
-RECCL_HOST_DEVICE constexpr std::uint32_t q16(double x) { return static_cast<std::uint32_t>(x * 65536.0 + 0.5); }
+/// Q16 fixed-point encoding of an allocator tunable (1.0 -> 65536), rounded to nearest, clamped to
+/// [0, 65535.99...]. Tunables are stored as these integers, so no allocator computes with floats.
+RECCL_HOST_DEVICE constexpr std::uint32_t q16(double x) {
+  if (!(x > 0)) return 0;
+  return x >= 65535.99 ? 0xffffffffu : static_cast<std::uint32_t>(x * 65536.0 + 0.5);
+}
 
 /// Whether `s` is a well-formed `shares`: 1 <= n_vts <= max_vts, no live bit at or above n_vts,
 /// masked VTs hold 0 and the live ones sum to exactly share_one. `status::invalid_argument` if not.
