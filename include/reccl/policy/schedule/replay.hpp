@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <deque>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -84,18 +83,24 @@ class expr_arena {
 
   /// The expression a ⊕ b (a on the left: the accumulator; b: the incoming value).
   id combine(id a, id b) {
-    auto const [it, inserted] = memo_.try_emplace(key{a, b}, static_cast<id>(nodes_.size()));
-    if (inserted) {
-      info const ia = describe(a), ib = describe(b);
-      info r;
-      r.rank_mask = ia.rank_mask | ib.rank_mask;
-      r.leaves = ia.leaves + ib.leaves;
-      r.repeated_rank = ia.repeated_rank || ib.repeated_rank || (ia.rank_mask & ib.rank_mask) != 0;
-      r.one_index = ia.one_index && ib.one_index && ia.index == ib.index;
-      r.index = ia.index;
-      nodes_.push_back({a, b, r});
+    if (2 * (nodes_.size() + 1) > slots_.size()) grow();
+    std::size_t const mask = slots_.size() - 1;
+    for (std::size_t h = hash(a, b) & mask;; h = (h + 1) & mask) {
+      slot& s = slots_[h];
+      if (s.node == none) {  // absent: build it
+        info const ia = describe(a), ib = describe(b);
+        info r;
+        r.rank_mask = ia.rank_mask | ib.rank_mask;
+        r.leaves = ia.leaves + ib.leaves;
+        r.repeated_rank = ia.repeated_rank || ib.repeated_rank || (ia.rank_mask & ib.rank_mask) != 0;
+        r.one_index = ia.one_index && ib.one_index && ia.index == ib.index;
+        r.index = ia.index;
+        nodes_.push_back({a, b, r});
+        s = {a, b, nodes_.size() - 1};
+        return s.node;
+      }
+      if (s.a == a && s.b == b) return s.node;
     }
-    return it->second;
   }
 
   info describe(id e) const {
@@ -129,19 +134,27 @@ class expr_arena {
     id a, b;
     info what;
   };
-  struct key {
-    id a, b;
-    bool operator==(key const&) const = default;
+  static std::size_t hash(id a, id b) {
+    std::uint64_t h = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 0xc2b2ae3d27d4eb4full;
+    h ^= h >> 31;
+    h *= 0x94d049bb133111ebull;
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+  struct slot {
+    id a = none, b = none, node = none;
   };
-  struct key_hash {
-    std::size_t operator()(key const& k) const {
-      std::uint64_t h = k.a * 0x9e3779b97f4a7c15ull;
-      h ^= (k.b + 0x7f4a7c15ull + (h << 6) + (h >> 2));
-      return static_cast<std::size_t>(h ^ (h >> 29));
+  void grow() {
+    std::vector<slot> bigger(slots_.empty() ? 1024 : 2 * slots_.size());
+    std::size_t const mask = bigger.size() - 1;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      std::size_t h = hash(nodes_[i].a, nodes_[i].b) & mask;
+      while (bigger[h].node != none) h = (h + 1) & mask;
+      bigger[h] = {nodes_[i].a, nodes_[i].b, i};
     }
-  };
+    slots_ = std::move(bigger);
+  }
   std::vector<node> nodes_;
-  std::unordered_map<key, id, key_hash> memo_;
+  std::vector<slot> slots_;  ///< open addressing with linear probing, at most half full
 };
 
 // ------------------------------------------------------------------------------------------------
