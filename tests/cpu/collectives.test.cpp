@@ -211,7 +211,11 @@ TEST_CASE("sampled matrix: every pair of parameter values, checked against refer
   auto const cases = pairwise_cases();
   MESSAGE("pairwise cases: " << cases.size());
   CHECK(cases.size() < 200);
-  for (auto const& c : cases) run(c);
+  for (auto const& c : cases) {
+    auto t0 = cpu::now_ns();
+    run(c);
+    if (std::getenv("RECCL_TEST_TIMES")) MESSAGE(describe(c) << " : " << (cpu::now_ns() - t0) / 1000000 << " ms");
+  }
 }
 
 TEST_CASE("seeded random cases") {

@@ -171,3 +171,39 @@ inline std::uint64_t recv_len(collective c, int n, std::uint64_t count) {
 }
 
 }  // namespace reccl_test
+
+namespace reccl_test {
+
+/// One collective on every rank of `comm` with fresh random data (exact mode), poisoned outputs,
+/// checked against the naive reference. `correct` is false on any wrong element.
+struct checked_run {
+  std::vector<cpu::collective_result> res;
+  bool correct = true;
+  std::vector<std::vector<std::byte>> outputs;  ///< each rank's output bytes
+};
+
+template <class C>
+checked_run run_checked(cpu::communicator& comm, std::uint64_t count, std::mt19937_64& g, redop op = redop::sum,
+                        int root = 0, bool exact = true) {
+  using T = typename C::value_type;
+  collective const k = C::kind;
+  int const n = comm.nranks();
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    in[r] = reccl_test::random_data<T>(g, send_len(k, n, count), op, exact);
+    out[r].resize(recv_len(k, n, count));
+    poison(out[r]);
+  }
+  checked_run cr;
+  cr.res.resize(static_cast<std::size_t>(n));
+  comm.run_ranks([&](int r) { cr.res[r] = C::run(comm, r, in[r].data(), out[r].data(), count, op, root); });
+  for (int r = 0; r < n; ++r) {
+    if (exact && first_difference(out[r], reccl_test::reference<T>(k, n, root, count, in, op, r)) != -1) cr.correct = false;
+    std::vector<std::byte> b(out[r].size() * sizeof(T));
+    if (!b.empty()) std::memcpy(b.data(), out[r].data(), b.size());
+    cr.outputs.push_back(std::move(b));
+  }
+  return cr;
+}
+
+}  // namespace reccl_test
