@@ -43,6 +43,39 @@ RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target,
   }
 }
 
+/// Ready flags of the pipelined engine: the chunk sequence in the low 48 bits, a 16-bit fold of the
+/// call's descriptor in the high 16, so ranks that disagree are caught at their first chunk.
+inline constexpr std::uint64_t ready_seq_mask = (1ull << 48) - 1;
+RECCL_DEVICE std::uint64_t ready_word(std::uint64_t seq, std::uint32_t desc) {
+  return (seq & ready_seq_mask) | (static_cast<std::uint64_t>((desc ^ (desc >> 16)) & 0xffffu) << 48);
+}
+
+/// Spin until the sequence in *flag reaches `target`. When it equals `target` exactly, the
+/// descriptor fold must match ours (a larger value belongs to a later chunk, maybe a later call).
+RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, std::uint64_t deadline,
+                             std::uint32_t* status_word, std::uint64_t& spins) {
+  std::uint64_t const want = ready_word(target, desc);
+  for (std::uint32_t k = 1;; ++k) {
+    std::uint64_t const w = load_acquire_sys(flag);
+    std::uint64_t const s = w & ready_seq_mask;
+    if (s >= target) {
+      if (s == target && w != want) {
+        raise_status(status_word, status::mismatch);
+        return false;
+      }
+      return true;
+    }
+    ++spins;
+    if (k % deadline_check_period == 0) {
+      if (read_status(status_word) != 0) return false;
+      if (globaltimer() > deadline) {
+        raise_status(status_word, status::timeout);
+        return false;
+      }
+    }
+  }
+}
+
 /// Barrier word: epoch in the high half, descriptor hash in the low half.
 RECCL_DEVICE std::uint64_t barrier_word(std::uint32_t epoch, std::uint32_t desc) {
   return (static_cast<std::uint64_t>(epoch) << 32) | desc;

@@ -38,6 +38,7 @@
 
 #include "../config.hpp"
 #include "../device/launch.hpp"
+#include "../policy/allocator/allocator.hpp"
 #include "../policy/split.hpp"
 #include "../types.hpp"
 #include "error.hpp"
@@ -113,21 +114,6 @@ __global__ void hello_kernel(device::lsa_view v, std::uint64_t token, std::uint6
       return;
     }
   }
-}
-
-/// Equal split of `total` elements over `n_vts` live VTs (VT i gets total*(i+1)/n - total*i/n).
-inline split equal_split(std::uint64_t total, int n_vts) {
-  split s;
-  s.n_vts = n_vts;
-  s.live_mask = all_live(n_vts);
-  s.total = total;
-  std::uint64_t prev = 0;
-  for (int i = 0; i < n_vts; ++i) {
-    std::uint64_t const nxt = total / n_vts * (i + 1) + total % n_vts * (i + 1) / n_vts;
-    s.count[i] = nxt - prev;
-    prev = nxt;
-  }
-  return s;
 }
 
 struct registered_buffer {
@@ -252,6 +238,15 @@ class nvlink_communicator {
 
   /// True when [p, p+bytes) lies inside one buffer from allocate().
   bool is_registered(void const* p, std::size_t bytes) const { return find(p, bytes) != nullptr; }
+
+  /// The address through which this GPU reaches rank `r`'s copy of registered memory `p` (same
+  /// offset inside the buffer), for user kernels that talk to peers directly.
+  void* peer_pointer(void const* p, int r) const {
+    auto const* b = find(p, 1);
+    if (b == nullptr || r < 0 || r >= s_->nranks)
+      throw error(status::invalid_argument, "peer_pointer: not registered memory, or rank out of range");
+    return b->peers[r] + (static_cast<char const*>(p) - b->base);
+  }
 
   // ---- collectives -----------------------------------------------------------------------------
 
@@ -516,7 +511,7 @@ class nvlink_communicator {
     tuning const& tu = cfg.tune;
     shape const sh = shape_of(c, count, t);
     std::uint64_t const seg = static_cast<std::uint64_t>(count) * size_of(t);
-    bool const registered = find(in, seg * sh.in_segments) != nullptr && find(out, seg * sh.out_segments) != nullptr;
+    bool const registered = zero_copy_ready(c, in, out, seg, sh);
     bool const in_place = is_in_place(c, in, out, seg);
     bool const lamport_type = t == dtype::float32 || t == dtype::float16 || t == dtype::bfloat16;
     bool const one_shot_ok = reduces(c) && lamport_type;
@@ -588,7 +583,8 @@ class nvlink_communicator {
       if (nv < 1) nv = 1;
       if (nv > max_vts) throw error(status::invalid_argument, "vts above max_vts");
       p.n_vts = nv < grid ? nv : grid;
-      sp = detail::equal_split(count, p.n_vts);
+      // equal shares, VT boundaries on whole 16-byte packs
+      sp = to_split(equal_shares(p.n_vts, all_live(p.n_vts)), count, static_cast<std::uint64_t>(Vb));
     }
     p.ctas_per_vt = grid / p.n_vts;
     if (p.ctas_per_vt < 1) p.ctas_per_vt = 1;
@@ -611,6 +607,19 @@ class nvlink_communicator {
     }
     if (sp_out != nullptr) *sp_out = sp;
     return p;
+  }
+
+  /// Whether the buffers peers must reach are registered: all-reduce pulls inputs and pushes
+  /// outputs, reduce-scatter pulls inputs, the others push into outputs. Depends only on what every
+  /// rank passes alike, so every rank decides the same.
+  bool zero_copy_ready(collective c, void const* in, void const* out, std::uint64_t seg, shape const& sh) const {
+    bool const ri = in != nullptr && find(in, seg * sh.in_segments) != nullptr;
+    bool const ro = find(out, seg * sh.out_segments) != nullptr;
+    switch (c) {
+      case collective::all_reduce: return ri && ro;
+      case collective::reduce_scatter: return ri;
+      default: return ro;
+    }
   }
 
   bool is_in_place(collective c, void const* in, void const* out, std::uint64_t seg) const {
@@ -653,7 +662,7 @@ class nvlink_communicator {
     }
 
     split sp;
-    plan const p = choose(c, in, out, count, t, o, &sp);
+    plan const p = choose(c, reads_in ? in : out, out, count, t, o, &sp);
 
     device::coll_args a;
     a.coll = c;
@@ -687,17 +696,23 @@ class nvlink_communicator {
     h = detail::fnv_add(h, o.lane);
     h = detail::fnv_add(h, sp);
     if (p.algo == algorithm::two_shot || p.algo == algorithm::direct) {
-      auto const* bi = find(a.in, seg * sh.in_segments);
-      auto const* bo = find(out, seg * sh.out_segments);
-      std::uint64_t const oi = static_cast<std::uint64_t>(static_cast<char const*>(a.in) - bi->base);
-      std::uint64_t const oo = static_cast<std::uint64_t>(static_cast<char const*>(out) - bo->base);
-      h = detail::fnv_add(h, oi);
-      h = detail::fnv_add(h, oo);
-      h = detail::fnv_add(h, static_cast<std::uint64_t>(bi->bytes));
-      h = detail::fnv_add(h, static_cast<std::uint64_t>(bo->bytes));
-      for (int r = 0; r < s_->nranks; ++r) {
-        a.peer_in[r] = bi->peers[r] + oi;
-        a.peer_out[r] = bo->peers[r] + oo;
+      // peers are reached at the same offset inside the same-size buffer on every rank; both go into
+      // the descriptor, so a rank that passes a different offset fails the entry barrier
+      bool const pull = c == collective::all_reduce || c == collective::reduce_scatter;
+      bool const push = c != collective::reduce_scatter;
+      if (pull) {
+        auto const* bi = find(a.in, seg * sh.in_segments);
+        std::uint64_t const oi = static_cast<std::uint64_t>(static_cast<char const*>(a.in) - bi->base);
+        h = detail::fnv_add(h, oi);
+        h = detail::fnv_add(h, static_cast<std::uint64_t>(bi->bytes));
+        for (int r = 0; r < s_->nranks; ++r) a.peer_in[r] = bi->peers[r] + oi;
+      }
+      if (push) {
+        auto const* bo = find(out, seg * sh.out_segments);
+        std::uint64_t const oo = static_cast<std::uint64_t>(static_cast<char const*>(out) - bo->base);
+        h = detail::fnv_add(h, oo);
+        h = detail::fnv_add(h, static_cast<std::uint64_t>(bo->bytes));
+        for (int r = 0; r < s_->nranks; ++r) a.peer_out[r] = bo->peers[r] + oo;
       }
     }
     a.desc = h;

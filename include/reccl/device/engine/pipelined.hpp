@@ -6,7 +6,8 @@
 //   sender (rank a)                                  receiver (rank b)
 //   wait credit[b->a] >= s-depth+1  (slot free)
 //   in[chunk k] ──st──► b.ring[src=a][c][w][s%depth]
-//   __syncwarp; fence.sys; ready[a->b] = s+1 ──────► wait ready >= s+1 (acquire)
+//   __syncwarp; fence.sys; ready[a->b] = s+1 ──────► wait ready >= s+1 (acquire; descriptor
+//                                                    fold checked: ranks that disagree fail)
 //                                                    reduce own in + ring slots in rank order
 //                                                    (or copy them) ──► out[chunk k]
 //                  ◄──────────────────────────────── credit[b->a] = s+1 (release)
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(cta_threads, 1) pipelined_kernel(coll_args con
         if (lane == 0) {
           fence_sys();
           for (int p = 0; p < n; ++p)
-            if (P.sends_to(p)) store_relaxed_sys(v.ready(p, cta, w, me), s + 1);
+            if (P.sends_to(p)) store_relaxed_sys(v.ready(p, cta, w, me), ready_word(s + 1, a.desc));
           *static_cast<volatile std::uint32_t*>(&sent[w]) = static_cast<std::uint32_t>(k + 1);
         }
         __syncwarp();
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(cta_threads, 1) pipelined_kernel(coll_args con
       int ok = 1;
       if (lane == 0) {
         for (int p = 0; p < n && ok; ++p)
-          if (P.recvs_from(p)) ok = wait_at_least(v.ready(me, cta, w, p), s + 1, deadline, st, spins);
+          if (P.recvs_from(p)) ok = wait_ready(v.ready(me, cta, w, p), s + 1, a.desc, deadline, st, spins);
         // in-place safety: my own sender must have read chunk k of the input before I overwrite it
         for (std::uint32_t t = 1; ok && guard && *static_cast<volatile std::uint32_t*>(&sent[w]) < k + 1; ++t) {
           if (t % deadline_check_period == 0) {

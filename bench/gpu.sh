@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
+#
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other all (default: all)
+#
+# Build: CMake (-DRECCL_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90) when the top-level
+# CMakeLists supports it and RECCL_GPU_BUILD is not "nvcc"; otherwise nvcc directly (three
+# translation units, in parallel). Results: JSON and logs under $OUT (default ./gpu-out); a short
+# table is printed last. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-out}
+BUILD=${BUILD:-$ROOT/build-gpu}
+mkdir -p "$OUT" "$BUILD"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RECCL_COMMIT=${RECCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+STAGES=${*:-all}
+has() { [[ " $STAGES " == *" all "* || " $STAGES " == *" $1 "* ]]; }
+log() { echo "[gpu.sh $(date +%H:%M:%S)] $*"; }
+SUMMARY=()
+
+# ---- build ----------------------------------------------------------------------------------------
+PERF=$BUILD/reccl_perf
+T_COLL=$BUILD/reccl.test.device.collectives
+T_MP=$BUILD/reccl.test.device.multiprocess
+if has build; then
+  NPROC=$(nproc 2>/dev/null || echo 4)
+  if [[ "${RECCL_GPU_BUILD:-auto}" != nvcc ]] && grep -q RECCL_ENABLE_CUDA CMakeLists.txt 2>/dev/null; then
+    log "cmake build"
+    cmake -S . -B "$BUILD/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECCL_ENABLE_CUDA=ON \
+      -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
+      cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
+        reccl.test.device.multiprocess >>"$OUT/cmake.log" 2>&1
+    rc=$?
+    if [[ $rc -eq 0 ]]; then
+      PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
+      T_COLL=$(find "$BUILD/cmake" -name reccl.test.device.collectives -type f | head -1)
+      T_MP=$(find "$BUILD/cmake" -name reccl.test.device.multiprocess -type f | head -1)
+    else
+      log "cmake build failed (see cmake.log), falling back to nvcc"; tail -20 "$OUT/cmake.log"
+      RECCL_GPU_BUILD=nvcc
+    fi
+  else
+    RECCL_GPU_BUILD=nvcc
+  fi
+  if [[ "${RECCL_GPU_BUILD:-auto}" == nvcc ]]; then
+    log "nvcc build"
+    INC=(-Iinclude -I.)
+    [[ -d .deps/include ]] && INC+=(-isystem .deps/include)
+    NCCL_INC=$(dirname "$(ls /usr/include/nccl.h /usr/local/cuda/include/nccl.h 2>/dev/null | head -1)")
+    FLAGS=(-std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr -isystem "$NCCL_INC" "${INC[@]}")
+    nvcc "${FLAGS[@]}" bench/perf/reccl_perf.cu -o "$PERF" -lnccl >"$OUT/build_perf.log" 2>&1 &
+    p1=$!
+    nvcc "${FLAGS[@]}" tests/device/collectives.test.cu -o "$T_COLL" -lnccl >"$OUT/build_coll.log" 2>&1 &
+    p2=$!
+    nvcc "${FLAGS[@]}" tests/device/multiprocess.test.cu -o "$T_MP" -lnccl >"$OUT/build_mp.log" 2>&1 &
+    p3=$!
+    rc=0
+    wait $p1 || { rc=1; tail -30 "$OUT/build_perf.log"; }
+    wait $p2 || { rc=1; tail -30 "$OUT/build_coll.log"; }
+    wait $p3 || { rc=1; tail -30 "$OUT/build_mp.log"; }
+    [[ $rc -ne 0 ]] && { log "build failed"; exit 1; }
+  fi
+  for op in all_reduce reduce_scatter all_gather broadcast alltoall; do
+    ln -sf "$(basename "$PERF")" "$(dirname "$PERF")/reccl_${op}_perf"
+  done
+  log "built: $PERF"
+fi
+P=$(dirname "$PERF")
+
+# ---- machine --------------------------------------------------------------------------------------
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv >"$OUT/machine.txt" 2>&1
+nvidia-smi topo -m >>"$OUT/machine.txt" 2>&1
+echo "commit $RECCL_COMMIT  date $(date -u +%FT%TZ)" >>"$OUT/machine.txt"
+
+# ---- tests ----------------------------------------------------------------------------------------
+if has test; then
+  log "GPU tests (one process, both GPUs)"
+  timeout 600 "$T_COLL" >"$OUT/test_collectives.log" 2>&1
+  rc=$?; SUMMARY+=("test collectives: rc=$rc  $(grep -E 'test cases:' "$OUT/test_collectives.log" | tail -1)")
+  grep -E "ERROR|FAILED|cases," "$OUT/test_collectives.log" | head -30
+  log "GPU tests (one process per GPU)"
+  timeout 600 "$T_MP" >"$OUT/test_multiprocess.log" 2>&1
+  rc=$?; SUMMARY+=("test multiprocess: rc=$rc  $(grep -E 'test cases:' "$OUT/test_multiprocess.log" | tail -1)")
+  grep -E "ERROR|FAILED|wrong|rank" "$OUT/test_multiprocess.log" | head -30
+fi
+if has sanitize; then
+  log "compute-sanitizer memcheck (unaligned, split and bad-input cases)"
+  RECCL_TEST_TIMEOUT_S=60 timeout 600 compute-sanitizer --tool memcheck --print-limit 20 "$T_COLL" \
+    -tc='*unaligned*,*independent of the VT split*,*rejected on the host*' >"$OUT/sanitize.log" 2>&1
+  rc=$?; SUMMARY+=("memcheck: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)")
+fi
+
+# ---- benchmarks -----------------------------------------------------------------------------------
+bench() {  # name, args...
+  local name=$1; shift
+  log "bench $name: $*"
+  timeout 600 "$P/$@" -J "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt" | grep -v '^#' | tail -40
+}
+if has bench-ar; then
+  bench ar_graph reccl_all_reduce_perf -d bfloat16 -b 1K -e 16M -f 4 -G 10 -n 100 -w 20 --floor 1
+  bench ar_eager reccl_all_reduce_perf -d bfloat16 -b 4M -e 1G -f 4 -n 20 -w 5
+  bench ar_reg reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 -R 1 --nccl 0
+fi
+if [[ " $STAGES " == *" sweep "* ]]; then  # tuning sweep (not part of "all")
+  bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 256K -e 256M -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
+    --algo pipelined --ctas 8,16,32,64 --chunk 4096,8192,16384
+  bench sweep_one_shot reccl_all_reduce_perf -d bfloat16 -b 16K -e 1M -f 4 -G 5 -n 100 -w 20 --nccl 0 --in_place 0 \
+    --algo one_shot,pipelined --ctas 0,4,8,16,32,64
+  bench sweep_two_shot reccl_all_reduce_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 -R 1 --nccl 0 --in_place 0 \
+    --algo two_shot,direct --ctas 16,32,64
+fi
+if has bench-other; then
+  for op in reduce_scatter all_gather broadcast alltoall; do
+    bench ${op}_graph reccl_${op}_perf -d bfloat16 -b 1K -e 16M -f 4 -G 10 -n 100 -w 20
+    bench ${op}_eager reccl_${op}_perf -d bfloat16 -b 64M -e 1G -f 4 -n 10 -w 3
+  done
+fi
+
+# ---- summary --------------------------------------------------------------------------------------
+echo
+echo "================ summary ($RECCL_COMMIT) ================"
+for s in "${SUMMARY[@]}"; do echo "$s"; done
+if ls "$OUT"/*.json >/dev/null 2>&1; then
+  python3 - "$OUT" <<'PY'
+import json, sys, glob, os
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    d = json.load(open(f))
+    print(f"{os.path.basename(f)}: {d['collective']} {d['dtype']} graph={d['graph_launches']} buffers={d['reccl_buffers']}")
+    for r in d["rows"]:
+        b = r["bytes"]; sz = f"{b>>30}G" if b >= 1<<30 else f"{b>>20}M" if b >= 1<<20 else f"{b>>10}K"
+        us = r.get("reccl_oop_us", -1); nu = r["nccl_us"]; su = r["nccl_symm_us"]
+        print(f"  {sz:>5} {r.get('reccl_best','-'):>18} reccl {us:9.2f}us {r.get('reccl_oop_busbw',0):6.1f}GB/s "
+              f"wrong={r['reccl_oop_wrong']}/{r['reccl_ip_wrong']}  nccl {nu:9.2f} symm {su:9.2f}  ratio {r['ratio_vs_better_nccl']:.2f}")
+    if "floor" in d: print("  floor:", d["floor"])
+PY
+fi

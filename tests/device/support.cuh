@@ -1,0 +1,196 @@
+// tests/device/support.cuh -- shared by the GPU tests: an independent CPU reference of reccl's
+// documented arithmetic, random inputs, and a world of communicators driven from one process.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reccl/host/communicator.hpp"
+
+namespace gpu_test {
+
+using reccl::algorithm;
+using reccl::collective;
+using reccl::dtype;
+using reccl::redop;
+
+#define TEST_CK(x)                                                                                   \
+  do {                                                                                               \
+    cudaError_t e_ = (x);                                                                            \
+    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+#define TEST_NK(x)                                                                                   \
+  do {                                                                                               \
+    ncclResult_t r_ = (x);                                                                           \
+    if (r_ != ncclSuccess) throw std::runtime_error(std::string(#x) + ": " + ncclGetErrorString(r_)); \
+  } while (0)
+
+// ---- CPU reference: element conversions written independently of the device headers ----------
+
+inline float half_bits_to_float(std::uint16_t b) {
+  __half_raw r;
+  r.x = b;
+  return __half2float(__half(r));
+}
+inline std::uint16_t float_to_half_bits(float f) {
+  __half h = __float2half_rn(f);
+  return static_cast<__half_raw>(h).x;
+}
+inline float bf16_bits_to_float(std::uint16_t b) {
+  std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline std::uint16_t float_to_bf16_bits(float f) {  // round to nearest even (finite inputs)
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+/// Reduce the `n` raw elements `xs` (each `es` bytes) as reccl documents: -0 read as +0, rank order,
+/// fp32 accumulation for 16-bit floats, avg = sum / n, integer sum/prod wrap.
+inline std::uint64_t reduce_ref(dtype t, redop op, std::vector<std::uint64_t> const& xs) {
+  int const n = static_cast<int>(xs.size());
+  auto fcomb = [&](auto a, auto b) {
+    switch (op) {
+      case redop::prod: return a * b;
+      case redop::min: return std::fmin(a, b);
+      case redop::max: return std::fmax(a, b);
+      default: return a + b;
+    }
+  };
+  auto icomb = [&](auto a, auto b) {
+    using S = decltype(a);
+    using U = std::make_unsigned_t<S>;
+    switch (op) {
+      case redop::prod: return static_cast<S>(static_cast<U>(a) * static_cast<U>(b));
+      case redop::min: return a < b ? a : b;
+      case redop::max: return a < b ? b : a;
+      default: return static_cast<S>(static_cast<U>(a) + static_cast<U>(b));
+    }
+  };
+  switch (t) {
+    case dtype::float32: {
+      auto cv = [](std::uint64_t b) { std::uint32_t u = b == 0x80000000u ? 0u : static_cast<std::uint32_t>(b); float f; std::memcpy(&f, &u, 4); return f; };
+      float a = cv(xs[0]);
+      for (int r = 1; r < n; ++r) a = fcomb(a, cv(xs[r]));
+      if (op == redop::avg) a = a / static_cast<float>(n);
+      std::uint32_t u;
+      std::memcpy(&u, &a, 4);
+      return u;
+    }
+    case dtype::float64: {
+      auto cv = [](std::uint64_t b) { std::uint64_t u = b == 0x8000000000000000ull ? 0ull : b; double f; std::memcpy(&f, &u, 8); return f; };
+      double a = cv(xs[0]);
+      for (int r = 1; r < n; ++r) a = fcomb(a, cv(xs[r]));
+      if (op == redop::avg) a = a / static_cast<double>(n);
+      std::uint64_t u;
+      std::memcpy(&u, &a, 8);
+      return u;
+    }
+    case dtype::float16:
+    case dtype::bfloat16: {
+      bool const h = t == dtype::float16;
+      auto cv = [&](std::uint64_t b) { std::uint16_t v = b == 0x8000u ? 0 : static_cast<std::uint16_t>(b); return h ? half_bits_to_float(v) : bf16_bits_to_float(v); };
+      float a = cv(xs[0]);
+      for (int r = 1; r < n; ++r) a = fcomb(a, cv(xs[r]));
+      if (op == redop::avg) a = a / static_cast<float>(n);
+      return h ? float_to_half_bits(a) : float_to_bf16_bits(a);
+    }
+    case dtype::int32: {
+      std::int32_t a = static_cast<std::int32_t>(static_cast<std::uint32_t>(xs[0]));
+      for (int r = 1; r < n; ++r) a = icomb(a, static_cast<std::int32_t>(static_cast<std::uint32_t>(xs[r])));
+      if (op == redop::avg) a = a / n;
+      return static_cast<std::uint32_t>(a);
+    }
+    case dtype::int64: {
+      std::int64_t a = static_cast<std::int64_t>(xs[0]);
+      for (int r = 1; r < n; ++r) a = icomb(a, static_cast<std::int64_t>(xs[r]));
+      if (op == redop::avg) a = a / n;
+      return static_cast<std::uint64_t>(a);
+    }
+  }
+  return 0;
+}
+
+/// Random raw element of type t: finite floats of varied magnitude (about 1 in 64 is -0), full-range integers.
+inline std::uint64_t random_bits(dtype t, std::mt19937_64& g) {
+  std::uint64_t const h = g();
+  bool const negzero = (h & 63u) == 7u;
+  std::normal_distribution<double> nd(0.0, 8.0);
+  double const v = nd(g);
+  switch (t) {
+    case dtype::float32: {
+      if (negzero) return 0x80000000u;
+      float f = static_cast<float>(v);
+      std::uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return u;
+    }
+    case dtype::float64: {
+      if (negzero) return 0x8000000000000000ull;
+      std::uint64_t u;
+      std::memcpy(&u, &v, 8);
+      return u;
+    }
+    case dtype::float16: return negzero ? 0x8000u : float_to_half_bits(static_cast<float>(v));
+    case dtype::bfloat16: return negzero ? 0x8000u : float_to_bf16_bits(static_cast<float>(v));
+    case dtype::int32: return static_cast<std::uint32_t>(h >> 7);
+    case dtype::int64: return h * 0x9e3779b97f4a7c15ull;
+  }
+  return 0;
+}
+
+inline std::uint64_t get_elem(std::vector<unsigned char> const& v, std::size_t i, std::size_t es) {
+  std::uint64_t x = 0;
+  std::memcpy(&x, v.data() + i * es, es);
+  return x;
+}
+inline void put_elem(std::vector<unsigned char>& v, std::size_t i, std::size_t es, std::uint64_t x) {
+  std::memcpy(v.data() + i * es, &x, es);
+}
+
+/// Segments of input and output per rank.
+inline int in_segments(collective c, int n) { return c == collective::reduce_scatter || c == collective::all_to_all ? n : 1; }
+inline int out_segments(collective c, int n) { return c == collective::all_gather || c == collective::all_to_all ? n : 1; }
+
+/// Expected output of rank `me` given every rank's input.
+inline std::vector<unsigned char> expected_output(collective c, dtype t, redop op, int root, std::uint64_t count, int me,
+                                                  std::vector<std::vector<unsigned char>> const& in) {
+  int const n = static_cast<int>(in.size());
+  std::size_t const es = reccl::size_of(t);
+  std::vector<unsigned char> out(count * out_segments(c, n) * es);
+  std::vector<std::uint64_t> xs(n);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    switch (c) {
+      case collective::all_reduce:
+        for (int r = 0; r < n; ++r) xs[r] = get_elem(in[r], i, es);
+        put_elem(out, i, es, reduce_ref(t, op, xs));
+        break;
+      case collective::reduce_scatter:
+        for (int r = 0; r < n; ++r) xs[r] = get_elem(in[r], me * count + i, es);
+        put_elem(out, i, es, reduce_ref(t, op, xs));
+        break;
+      case collective::all_gather:
+        for (int r = 0; r < n; ++r) put_elem(out, r * count + i, es, get_elem(in[r], i, es));
+        break;
+      case collective::broadcast: put_elem(out, i, es, get_elem(in[root], i, es)); break;
+      case collective::all_to_all:
+        for (int r = 0; r < n; ++r) put_elem(out, r * count + i, es, get_elem(in[r], me * count + i, es));
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace gpu_test
