@@ -138,6 +138,13 @@ void run(case_params const& c) {
   });
 }
 
+/// Tiny slots only on small messages (each slot is a round trip through the FIFO).
+std::size_t slot_size(std::mt19937_64& g, std::uint64_t count) {
+  if (count > 70000) return 32768;
+  if (count > 2000) return std::size_t{1024} << (g() % 5);
+  return std::size_t{16} << (g() % 10);
+}
+
 bool reducing(plan p) { return p <= plan::rs_two_shot; }
 
 /// Greedy pairwise covering array over the six matrix parameters.
@@ -198,7 +205,7 @@ std::vector<case_params> pairwise_cases() {
     c.root = static_cast<int>(g() % c.nranks);
     c.tile = 1 + g() % 3000;
     // small slots on small messages exercise slots that span pieces and long slot sequences
-    c.slot_bytes = c.count > 70000 ? 32768 : std::size_t{16} << (g() % 10);
+    c.slot_bytes = slot_size(g, c.count);
     c.slots = 1 + static_cast<int>(g() % 6);
     out.push_back(c);
   }
@@ -231,7 +238,7 @@ TEST_CASE("seeded random cases") {
     c.seed = g();
     c.root = static_cast<int>(g() % c.nranks);
     c.tile = 1 + g() % 4096;
-    c.slot_bytes = std::size_t{16} << (g() % 12);
+    c.slot_bytes = slot_size(g, c.count);
     c.slots = 1 + static_cast<int>(g() % 8);
     c.relays = g() % 2 == 0;
     run(c);

@@ -8,14 +8,19 @@
 //     │          (sends to one peer go in list order: they share the link's FIFO)    │
 //     │ applies: receives and local ops in list order; a receive takes slots as they │
 //     │          arrive, copies or folds them into its chunk, and returns credit     │
-//     │ idle:    nothing moved -> sleep one poll quantum; a send blocked on credit   │
-//     │          makes the quantum a stall; no progress for `timeout_ns` -> timeout  │
+//     │ idle:    nothing moved -> sleep (10 us doubling up to one poll quantum); the │
+//     │          time waited while a send is blocked on credit is stall time, else   │
+//     │          data-wait time; no progress for `timeout_ns` -> timeout              │
 //     └──────────────────────────────────────────────────────────────────────────────┘
 //
 // A stream is cut into slots by stream position (slot j = elements [j*E, (j+1)*E) of the stream,
 // E = slot_bytes / sizeof(T)), so sender and receiver agree on every slot without a header even
 // when their chunks are laid out differently. A slot may span several pieces of a chunk: the
 // sender fills it with one put per piece part, the receiver scatters it the same way.
+//
+// Stall counts: a stall is one poll quantum (fabric_config::poll_quantum_ns) of waiting. The
+// counts are the waited time divided by the quantum, so they are proportional to waiting time and
+// do not depend on how often the worker happened to poll.
 #pragma once
 
 #include <atomic>
@@ -54,6 +59,7 @@ struct block_outcome {
   char const* what = "";      ///< for status::internal: the broken invariant
   std::uint64_t stalls = 0;      ///< whole poll quanta during which a send waited for credit
   std::uint64_t recv_waits = 0;  ///< whole poll quanta spent waiting for data only
+  std::uint64_t stall_ns = 0, recv_wait_ns = 0;  ///< the same waits in nanoseconds
   std::uint64_t bytes = 0;       ///< bytes this rank sent on the VT
 };
 
@@ -209,21 +215,20 @@ class block_executor {
         last_progress = now_ns();
         continue;
       }
-      // Idle: wait one poll quantum at a time until something can move.
+      // Idle: poll with a short backoff (10 us doubling up to the quantum) until something can
+      // move. The waited time is what counts (see count_wait), not the number of polls.
       std::uint64_t const t0 = now_ns();
-      for (std::uint64_t k = 1;; ++k) {
-        sleep_until_ns(t0 + k * quantum_);
+      for (std::uint64_t sleep = first_poll_ns;; sleep = sleep * 2 < quantum_ ? sleep * 2 : quantum_) {
+        sleep_until_ns(now_ns() + sleep);
         std::uint64_t const t = now_ns();
         if (could_progress(head)) {
-          std::uint64_t const q = (t - t0) / quantum_;
-          (credit_blocked ? out.stalls : out.recv_waits) += q;
+          count_wait(out, credit_blocked, t - t0);
           last_progress = t;
           break;
         }
         bool const aborted = abort_ != nullptr && abort_->load(std::memory_order_relaxed);
         if (aborted || t - last_progress >= timeout_ns_) {
-          std::uint64_t const q = (t - t0) / quantum_;
-          (credit_blocked ? out.stalls : out.recv_waits) += q;
+          count_wait(out, credit_blocked, t - t0);
           out.st = status::timeout;
           out.aborted = aborted;
           out.step = step;
@@ -232,9 +237,16 @@ class block_executor {
           out.peer = recv_waiting ? streams_[head].o.peer : blocked_peer;
           return;
         }
-        if (t > t0 + (k + 1) * quantum_) k = (t - t0) / quantum_;  // overslept: skip lost quanta
       }
     }
+  }
+
+  /// Adds a wait of `ns` to the stall time (a send was blocked on credit) or the data-wait time,
+  /// and refreshes the counts in whole poll quanta.
+  void count_wait(block_outcome& out, bool credit_blocked, std::uint64_t ns) const {
+    (credit_blocked ? out.stall_ns : out.recv_wait_ns) += ns;
+    out.stalls = out.stall_ns / quantum_;
+    out.recv_waits = out.recv_wait_ns / quantum_;
   }
 
   bool all_sends_done() const {
@@ -331,6 +343,8 @@ class block_executor {
     }
     st.pos = st.len;
   }
+
+  static constexpr std::uint64_t first_poll_ns = 10'000;
 
   S s_;
   handle h_;

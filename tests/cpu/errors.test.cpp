@@ -1,0 +1,162 @@
+// Bad input gets a clear error: reccl::error with a status, the rank / VT / epoch involved and a
+// readable message. No hang, no abort.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "support.hpp"
+
+using namespace reccl_test;
+
+namespace {
+
+using ar = reccl::all_reduce<float, schedule::ring, transport::cpu_threads, telemetry::stalls, allocator::texcp>;
+using ar_double = reccl::all_reduce<double, schedule::ring, transport::cpu_threads, telemetry::stalls, allocator::texcp>;
+using bc = reccl::broadcast<float, schedule::ring, transport::cpu_threads, telemetry::stalls, allocator::texcp>;
+
+cpu::config small(int nranks, int n_vts) {
+  cpu::config c;
+  c.nranks = nranks;
+  c.n_vts = n_vts;
+  c.arrival_timeout_ns = 200'000'000;
+  c.wait_timeout_ns = 200'000'000;
+  return c;
+}
+
+bool contains(std::string const& s, std::string const& what) { return s.find(what) != std::string::npos; }
+
+/// Runs f on every rank and returns each rank's error (status::ok if it did not throw).
+template <class F>
+std::vector<reccl::error> errors_of(cpu::communicator& comm, F&& f) {
+  std::vector<reccl::error> errs(static_cast<std::size_t>(comm.nranks()), reccl::error(status::ok, "none"));
+  comm.run_ranks([&](int r) {
+    try {
+      f(r);
+    } catch (reccl::error const& e) {
+      errs[r] = e;
+    }
+  });
+  return errs;
+}
+
+}  // namespace
+
+TEST_CASE("VT count 0, too many VTs, bad rank count: the communicator refuses to build") {
+  cpu::config c = small(2, 0);
+  try {
+    cpu::communicator comm(c);
+    FAIL("expected an error");
+  } catch (reccl::error const& e) {
+    CHECK(e.code() == status::invalid_argument);
+    CHECK(contains(e.what(), "VT count is 0"));
+  }
+  c.n_vts = transport::cpu_threads::max_vts + 1;
+  try {
+    cpu::communicator comm(c);
+    FAIL("expected an error");
+  } catch (reccl::error const& e) {
+    CHECK(e.code() == status::invalid_argument);
+    CHECK(contains(e.what(), "more than the CPU transport supports"));
+  }
+  c.n_vts = 2;
+  c.nranks = 0;
+  CHECK_THROWS_AS(cpu::communicator{c}, reccl::error);
+  c.nranks = 2;
+  c.slots = 0;
+  CHECK_THROWS_AS(cpu::communicator{c}, reccl::error);
+  c.slots = 4;
+  c.faults.kill(5, 0);  // names a VT the communicator does not have
+  CHECK_THROWS_AS(cpu::communicator{c}, reccl::error);
+}
+
+TEST_CASE("null buffers are invalid_argument (but fine with count 0, and off the broadcast root)") {
+  cpu::communicator comm(small(2, 2));
+  std::vector<float> buf(16, 1.0f);
+  auto errs = errors_of(comm, [&](int r) { ar::run(comm, r, nullptr, buf.data() + 8 * r, 8); });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(errs[r].code() == status::invalid_argument);
+    CHECK(errs[r].rank() == r);
+    CHECK(contains(errs[r].what(), "send buffer is null"));
+  }
+  errs = errors_of(comm, [&](int r) { ar::run(comm, r, buf.data(), nullptr, 8); });
+  for (int r = 0; r < 2; ++r) CHECK(contains(errs[r].what(), "receive buffer is null"));
+  // local argument errors leave the communicator usable
+  errs = errors_of(comm, [&](int r) { ar::run(comm, r, nullptr, nullptr, 0); });
+  for (auto const& e : errs) CHECK(e.code() == status::ok);
+  std::vector<float> root_in(8, 3.0f), out0(8, 0.0f), out1(8, 0.0f);
+  errs = errors_of(comm, [&](int r) { bc::run(comm, r, r == 0 ? root_in.data() : nullptr, r == 0 ? out0.data() : out1.data(), 8, redop::sum, 0); });
+  for (auto const& e : errs) CHECK(e.code() == status::ok);
+  CHECK(out1 == root_in);
+}
+
+TEST_CASE("root and reduction op out of range are invalid_argument") {
+  cpu::communicator comm(small(2, 1));
+  std::vector<float> a(4, 1.0f), b(4);
+  auto errs = errors_of(comm, [&](int r) { bc::run(comm, r, a.data(), b.data(), 4, redop::sum, 2); });
+  for (auto const& e : errs) {
+    CHECK(e.code() == status::invalid_argument);
+    CHECK(contains(e.what(), "root 2"));
+  }
+  errs = errors_of(comm, [&](int r) { ar::run(comm, r, a.data(), b.data(), 4, static_cast<redop>(9)); });
+  for (auto const& e : errs) CHECK(e.code() == status::invalid_argument);
+  CHECK_THROWS_AS(ar::run(comm, 5, a.data(), b.data(), 4), reccl::error);
+}
+
+TEST_CASE("counts that disagree across ranks: every rank gets a mismatch naming a rank, no hang") {
+  cpu::communicator comm(small(3, 2));
+  std::vector<std::vector<float>> in(3, std::vector<float>(100, 1.0f)), out(3, std::vector<float>(100));
+  auto errs = errors_of(comm, [&](int r) { ar::run(comm, r, in[r].data(), out[r].data(), r == 2 ? 99 : 100); });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(errs[r].code() == status::mismatch);
+    CHECK(errs[r].epoch() == 0);
+    CHECK(errs[r].vt() >= 0);
+    CHECK(contains(errs[r].what(), "count 99"));
+    CHECK(contains(errs[r].what(), "count 100"));
+  }
+  // after a cross-rank error the communicator is failed
+  errs = errors_of(comm, [&](int r) { ar::run(comm, r, in[r].data(), out[r].data(), 100); });
+  for (auto const& e : errs) CHECK(contains(e.what(), "failed in an earlier collective"));
+}
+
+TEST_CASE("element types that disagree across ranks are a mismatch") {
+  cpu::communicator comm(small(2, 1));
+  std::vector<float> f(10, 1.0f), fo(10);
+  std::vector<double> d(10, 1.0), dout(10);
+  auto errs = errors_of(comm, [&](int r) {
+    if (r == 0) ar::run(comm, r, f.data(), fo.data(), 10);
+    else ar_double::run(comm, r, d.data(), dout.data(), 10);
+  });
+  for (auto const& e : errs) {
+    CHECK(e.code() == status::mismatch);
+    CHECK((contains(e.what(), "double") && contains(e.what(), "float")));
+  }
+}
+
+TEST_CASE("a rank that never arrives: the others time out with an error naming that rank and a VT") {
+  cpu::communicator comm(small(4, 2));
+  std::vector<std::vector<float>> in(4, std::vector<float>(64, 1.0f)), out(4, std::vector<float>(64));
+  std::uint64_t const t0 = cpu::now_ns();
+  auto errs = errors_of(comm, [&](int r) {
+    if (r != 3) ar::run(comm, r, in[r].data(), out[r].data(), 64);
+  });
+  CHECK(cpu::now_ns() - t0 < 3'000'000'000);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(errs[r].code() == status::timeout);
+    CHECK(errs[r].rank() == 3);
+    CHECK(errs[r].vt() >= 0);
+    CHECK(errs[r].vt() < 2);
+    CHECK(errs[r].epoch() == 0);
+    CHECK(contains(errs[r].what(), "rank 3 never arrived"));
+  }
+}
+
+TEST_CASE("reccl::error: what() names status, rank, VT and epoch") {
+  reccl::error const e(status::timeout, "something", 2, 1, 5);
+  CHECK(std::string(e.what()) == "reccl timeout (rank 2, VT 1, epoch 5): something");
+  CHECK(e.detail() == "something");
+  reccl::error const f(status::invalid_argument, "bad");
+  CHECK(std::string(f.what()) == "reccl invalid_argument: bad");
+}
