@@ -40,6 +40,7 @@ struct background_job {
   int from = 0, to = INT_MAX;                 ///< active for collectives [from, to) ...
   double duty = 1.0;                          ///< ... a `duty` fraction of the time (on/off chain)
   double mean_on = 10;                        ///< mean length of an on-run, in collectives (duty < 1)
+  int spine = -1;                             ///< >= 0: every flow crosses this spine (else ECMP)
 };
 
 /// The flows of all background jobs, per collective index. Indices must be asked in
@@ -74,7 +75,7 @@ class background_model {
           auto const [a, b] = pr[i];
           if (a == b) throw std::invalid_argument("background job '" + job.name + "': a flow from a GPU to itself");
           std::uint64_t const label = hash_mix(0xb0b0 + j, static_cast<std::uint64_t>(c), i);
-          fl.push_back(background_flow{topo.route(a, b, a, b, label), job.flow_cap});
+          fl.push_back(background_flow{topo.route(a, b, a, b, label, job.spine), job.flow_cap});
         }
       flows_.push_back(std::move(fl));
       chains_.push_back(chain{rng(hash_mix(seed, 0xbac6 + j)), -1, job.duty >= 1});

@@ -151,6 +151,8 @@ class driver {
   }
 
   reccl::control<A> const& control() const { return ctl_; }
+  /// The engine's result for the data phase of the last collective (before any recovery run).
+  collective_result const& last_result() const { return last_; }
   bool aborted() const { return aborted_; }
 
   /// Runs collective number `index` (the index selects background activity).
@@ -172,6 +174,7 @@ class driver {
     row.probe_mask = probes;
     auto const& bg = bg_->flows(index);
     collective_result r = eng_->run(sp, elem_, bg);
+    last_ = r;
     row.solves = r.solves;
     row.data_time = r.time;
     std::vector<double> rank_bytes = r.rank_vt_bytes;
@@ -333,6 +336,7 @@ class driver {
   rng noise_;
   reccl::control<A> ctl_{};
   std::vector<reccl::epoch_record> records_;
+  collective_result last_{};
   std::vector<reccl::telemetry::cost_sample> rank0_;
   reccl::telemetry::cost_model<256> fit_;
   int since_fit_ = 0;

@@ -118,6 +118,11 @@ struct engine_options {
   int coupling_rounds = 2;
   /// Accumulate wire bytes per link (needed for the dead-NIC and conservation checks).
   bool link_accounting = true;
+  /// false (default): event driven -- re-solve whenever a VT finishes a phase, so bandwidth a
+  /// finished VT leaves is picked up by the others at once. true: one solve per schedule phase with
+  /// every VT in it (each VT's phase then lasts L + 1/p at those rates; a VT that finishes early does
+  /// not hand its bandwidth on) -- cheaper for schedules with many phases at large scale.
+  bool per_phase = false;
 };
 
 /// One VT's outcome in one collective.
@@ -245,132 +250,58 @@ class collective_engine {
       res.bytes_sent += res.vt[v].bytes_sent;
     }
 
-    double t = 0;
-    for (;;) {
-      // Gather the active VTs' current-phase flows; a VT that needs a dead link is stuck.
-      paths_.clear();
-      caps_.clear();
-      owner_.clear();
-      bool any_active = false;
-      for (int v = 0; v < nv; ++v) {
-        auto& st = vts_[v];
-        if (st.done || st.stuck) continue;
-        auto const& B = st.bytes[st.ph];
-        auto const& rs = routes_[st.ph][static_cast<std::size_t>(v)];
-        if ((vt_dead_ >> v) & 1u) st.stuck = true;
-        for (std::size_t f = 0; f < B.size(); ++f)
-          if (B[f] > 0 && !topo.path_up(rs[f])) st.stuck = true;
-        if (st.stuck) {
-          res.vt[v].stuck = true;
-          res.vt[v].stuck_at = t;
-          res.vt[v].time = std::numeric_limits<double>::infinity();
-          continue;
-        }
-        any_active = true;
-        st.flow_begin = paths_.size();
-        for (std::size_t f = 0; f < B.size(); ++f)
-          if (B[f] > 0) {
-            paths_.push_back(rs[f]);
-            caps_.push_back(vt_cap_[v]);
-            owner_.push_back({v, static_cast<std::uint32_t>(f)});
-          }
-        st.flow_end = paths_.size();
-      }
-      if (!any_active) break;
-      std::size_t const n_vt_flows = paths_.size();
-      for (auto const& b : bg) {
-        paths_.push_back(b.route);
-        caps_.push_back(b.cap);
-      }
-      capacity_.resize(topo.num_links());
-      for (std::size_t l = 0; l < topo.num_links(); ++l) capacity_[l] = topo.links()[l].effective_capacity();
-
-      solver_.solve(capacity_, paths_, caps_, rate_);
-      ++res.solves;
-      eff_.assign(n_vt_flows, 1.0);
-      auto update_progress = [&]() {
-        for (std::size_t i = 0; i < n_vt_flows; ++i) {
-          path const& r = paths_[i];
-          double const p = topo.loss(r);
-          eff_[i] = p > 0 ? go_back_n_goodput(p, rate_[i], 2.0 * topo.latency(r), topo.params().mtu) : 1.0;
-        }
+    if (opt_.per_phase) {
+      // One solve per schedule phase with every VT in it; a VT's phase lasts L + 1/p at those rates.
+      double clock[reccl::max_vts] = {};
+      for (std::size_t ph = 0; ph < nph; ++ph) {
+        for (int v = 0; v < nv; ++v) vts_[v].ph = ph;
+        if (!gather_and_solve(clock, bg, res)) break;
         for (int v = 0; v < nv; ++v) {
           auto& st = vts_[v];
           if (st.done || st.stuck) continue;
-          st.progress = max_min_solver::inf;
-          for (std::size_t i = st.flow_begin; i < st.flow_end; ++i) {
-            double const g = rate_[i] * eff_[i];
-            double const p = g / st.bytes[st.ph][owner_[i].flow];
-            if (p < st.progress) {
-              st.progress = p;
-              st.bottleneck = g;
-            }
+          if (st.duration == max_min_solver::inf) {
+            mark_stuck(v, clock[v], res);
+            continue;
           }
-        }
-      };
-      update_progress();
-      for (int round = 0; round < opt_.coupling_rounds && n_vt_flows > 0; ++round) {
-        bool capped = false;
-        for (std::size_t i = 0; i < n_vt_flows; ++i) {
-          auto const& st = vts_[owner_[i].vt];
-          double const need = st.progress * st.bytes[st.ph][owner_[i].flow] / std::max(eff_[i], 1e-300);
-          if (rate_[i] > need * (1.0 + 1e-9)) {
-            caps_[i] = std::min(need, vt_cap_[owner_[i].vt]);
-            capped = true;
-          } else {
-            caps_[i] = vt_cap_[owner_[i].vt];
-          }
-        }
-        if (!capped) break;
-        solver_.solve(capacity_, paths_, caps_, rate_);
-        ++res.solves;
-        update_progress();
-      }
-
-      // Time to each active VT's phase end; advance to the first.
-      double dt = max_min_solver::inf;
-      for (int v = 0; v < nv; ++v) {
-        auto& st = vts_[v];
-        if (st.done || st.stuck) continue;
-        double const lat = latency_[st.ph][static_cast<std::size_t>(v)];
-        if (st.flow_end > st.flow_begin && !(st.progress > 0)) {
-          st.duration = max_min_solver::inf;  // a flow with zero rate (zero-capacity link)
-          continue;
-        }
-        st.duration = lat + (st.flow_end > st.flow_begin ? 1.0 / st.progress : 0.0);
-        if (st.flow_end > st.flow_begin) res.vt[v].bottleneck_rate = st.bottleneck;
-        dt = std::min(dt, st.rem * st.duration);
-      }
-      if (dt == max_min_solver::inf) {  // nothing can progress: everyone left is starved
-        for (int v = 0; v < nv; ++v)
-          if (!vts_[v].done && !vts_[v].stuck) {
-            vts_[v].stuck = true;
-            res.vt[v].stuck = true;
-            res.vt[v].stuck_at = t;
-            res.vt[v].time = std::numeric_limits<double>::infinity();
-          }
-        break;
-      }
-      t += dt;
-      for (int v = 0; v < nv; ++v) {
-        auto& st = vts_[v];
-        if (st.done || st.stuck || st.duration == max_min_solver::inf) continue;
-        double const frac = st.duration > 0 ? std::min(st.rem, dt / st.duration) : st.rem;
-        for (std::size_t i = st.flow_begin; i < st.flow_end; ++i) {
-          double const moved = st.bytes[st.ph][owner_[i].flow] * frac;
-          res.vt[v].bytes_delivered += moved;
-          if (opt_.link_accounting) {
-            double const wire = moved / std::max(eff_[i], 1e-300);
-            for (int h = 0; h < paths_[i].n; ++h) res.link_bytes[static_cast<std::size_t>(paths_[i].link[h])] += wire;
-          }
-        }
-        st.rem -= frac;
-        if (st.rem <= 1e-12 || (st.duration > 0 && st.rem * st.duration <= 1e-15)) {
-          st.rem = 1.0;
-          ++st.ph;
-          if (st.ph >= nph) {
+          advance(v, 1.0, res);
+          clock[v] += st.duration;
+          if (ph + 1 == nph) {
             st.done = true;
-            res.vt[v].time = t;
+            res.vt[v].time = clock[v];
+          }
+        }
+      }
+    } else {
+      // Event driven: re-solve whenever a VT finishes a phase.
+      double t = 0;
+      double clock[reccl::max_vts] = {};
+      for (;;) {
+        for (int v = 0; v < nv; ++v) clock[v] = t;
+        if (!gather_and_solve(clock, bg, res)) break;
+        double dt = max_min_solver::inf;
+        for (int v = 0; v < nv; ++v) {
+          auto const& st = vts_[v];
+          if (!st.done && !st.stuck && st.duration < max_min_solver::inf) dt = std::min(dt, st.rem * st.duration);
+        }
+        if (dt == max_min_solver::inf) {  // nothing can progress: everyone left is starved
+          for (int v = 0; v < nv; ++v)
+            if (!vts_[v].done && !vts_[v].stuck) mark_stuck(v, t, res);
+          break;
+        }
+        t += dt;
+        for (int v = 0; v < nv; ++v) {
+          auto& st = vts_[v];
+          if (st.done || st.stuck || st.duration == max_min_solver::inf) continue;
+          double const frac = st.duration > 0 ? std::min(st.rem, dt / st.duration) : st.rem;
+          advance(v, frac, res);
+          st.rem -= frac;
+          if (st.rem <= 1e-12 || (st.duration > 0 && st.rem * st.duration <= 1e-15)) {
+            st.rem = 1.0;
+            ++st.ph;
+            if (st.ph >= nph) {
+              st.done = true;
+              res.vt[v].time = t;
+            }
           }
         }
       }
@@ -384,6 +315,125 @@ class collective_engine {
   }
 
  private:
+  void mark_stuck(int v, double at, collective_result& res) {
+    vts_[v].stuck = true;
+    res.vt[v].stuck = true;
+    res.vt[v].stuck_at = at;
+    res.vt[v].time = std::numeric_limits<double>::infinity();
+  }
+
+  /// Collects the current-phase flows of every active VT (a VT that needs a dead link or whose
+  /// engine is dead becomes stuck at clock[v]) plus the background, solves max-min with the
+  /// coupling rounds, and sets each active VT's progress, bottleneck and phase duration. False if
+  /// no VT is active.
+  bool gather_and_solve(double const* clock, std::vector<background_flow> const& bg, collective_result& res) {
+    auto const& topo = *topo_;
+    int const nv = comm_->n_vts();
+    paths_.clear();
+    caps_.clear();
+    owner_.clear();
+    bool any_active = false;
+    for (int v = 0; v < nv; ++v) {
+      auto& st = vts_[v];
+      if (st.done || st.stuck) continue;
+      auto const& B = st.bytes[st.ph];
+      auto const& rs = routes_[st.ph][static_cast<std::size_t>(v)];
+      bool dead = (vt_dead_ >> v) & 1u;
+      for (std::size_t f = 0; f < B.size() && !dead; ++f)
+        if (B[f] > 0 && !topo.path_up(rs[f])) dead = true;
+      if (dead) {
+        mark_stuck(v, clock[v], res);
+        continue;
+      }
+      any_active = true;
+      st.flow_begin = paths_.size();
+      for (std::size_t f = 0; f < B.size(); ++f)
+        if (B[f] > 0) {
+          paths_.push_back(rs[f]);
+          caps_.push_back(vt_cap_[v]);
+          owner_.push_back({v, static_cast<std::uint32_t>(f)});
+        }
+      st.flow_end = paths_.size();
+    }
+    if (!any_active) return false;
+    std::size_t const n_vt_flows = paths_.size();
+    for (auto const& b : bg) {
+      paths_.push_back(b.route);
+      caps_.push_back(b.cap);
+    }
+    capacity_.resize(topo.num_links());
+    for (std::size_t l = 0; l < topo.num_links(); ++l) capacity_[l] = topo.links()[l].effective_capacity();
+
+    solver_.solve(capacity_, paths_, caps_, rate_);
+    ++res.solves;
+    eff_.assign(n_vt_flows, 1.0);
+    auto update_progress = [&]() {
+      for (std::size_t i = 0; i < n_vt_flows; ++i) {
+        path const& r = paths_[i];
+        double const p = topo.loss(r);
+        eff_[i] = p > 0 ? go_back_n_goodput(p, rate_[i], 2.0 * topo.latency(r), topo.params().mtu) : 1.0;
+      }
+      for (int v = 0; v < nv; ++v) {
+        auto& st = vts_[v];
+        if (st.done || st.stuck) continue;
+        st.progress = max_min_solver::inf;
+        for (std::size_t i = st.flow_begin; i < st.flow_end; ++i) {
+          double const g = rate_[i] * eff_[i];
+          double const p = g / st.bytes[st.ph][owner_[i].flow];
+          if (p < st.progress) {
+            st.progress = p;
+            st.bottleneck = g;
+          }
+        }
+      }
+    };
+    update_progress();
+    for (int round = 0; round < opt_.coupling_rounds && n_vt_flows > 0; ++round) {
+      bool capped = false;
+      for (std::size_t i = 0; i < n_vt_flows; ++i) {
+        auto const& st = vts_[owner_[i].vt];
+        double const need = st.progress * st.bytes[st.ph][owner_[i].flow] / std::max(eff_[i], 1e-300);
+        if (rate_[i] > need * (1.0 + 1e-9)) {
+          caps_[i] = std::min(need, vt_cap_[owner_[i].vt]);
+          capped = true;
+        } else {
+          caps_[i] = vt_cap_[owner_[i].vt];
+        }
+      }
+      if (!capped) break;
+      solver_.solve(capacity_, paths_, caps_, rate_);
+      ++res.solves;
+      update_progress();
+    }
+    for (int v = 0; v < nv; ++v) {
+      auto& st = vts_[v];
+      if (st.done || st.stuck) continue;
+      double const lat = latency_[st.ph][static_cast<std::size_t>(v)];
+      bool const has_flows = st.flow_end > st.flow_begin;
+      if (has_flows && !(st.progress > 0)) {
+        st.duration = max_min_solver::inf;  // a flow with zero rate (zero-capacity link)
+        continue;
+      }
+      st.duration = lat + (has_flows ? 1.0 / st.progress : 0.0);
+      if (has_flows) res.vt[v].bottleneck_rate = st.bottleneck;
+    }
+    return true;
+  }
+
+  /// Moves fraction `frac` of VT v's current phase: its flows deliver frac × B_f, and every link
+  /// they cross carries that divided by the flow's goodput fraction (retransmissions).
+  void advance(int v, double frac, collective_result& res) {
+    auto const& st = vts_[v];
+    for (std::size_t i = st.flow_begin; i < st.flow_end; ++i) {
+      double const moved = st.bytes[st.ph][owner_[i].flow] * frac;
+      res.vt[v].bytes_delivered += moved;
+      if (opt_.link_accounting) {
+        double const wire = moved / std::max(eff_[i], 1e-300);
+        for (int h = 0; h < paths_[i].n; ++h) res.link_bytes[static_cast<std::size_t>(paths_[i].link[h])] += wire;
+      }
+    }
+  }
+
   struct vt_state {
     std::vector<std::vector<double>> bytes;  ///< [phase][flow]
     std::size_t ph = 0;

@@ -7,9 +7,10 @@
 //        └──────────────▶ time (of the filling, not of the simulation)
 //
 // The result is the unique max-min fair allocation (Bertsekas & Gallager, Data Networks, 2nd ed.,
-// §6.5.2): no flow can get more without taking from a flow that has no more. One solve costs
-// O(levels × active links + Σ path lengths); the simulator solves once per change of the flow set
-// (a VT finishing a phase, a background job starting), never per packet or per ring step.
+// §6.5.2): no flow can get more without taking from a flow that has no more. Link shares sit in a
+// min-heap (stale entries skipped by version), so one solve costs O((links + Σ path lengths) ·
+// log links); the simulator solves once per change of the flow set (a VT finishing a phase, a
+// background job starting), never per packet or per ring step.
 #pragma once
 
 #include <algorithm>
@@ -62,6 +63,14 @@ class max_min_solver {
     });
     std::size_t ci = 0;
 
+    // Fair share of every link in a min-heap; an entry is stale once its link changed (version).
+    ver_.assign(nl, 0);
+    dirty_.assign(nl, 0);
+    heap_.clear();
+    auto share = [&](std::size_t l) { return std::max(0.0, capacity[l] - used_[l]) / cnt_[l]; };
+    for (std::uint32_t l : active_) heap_.push_back({share(l), l, 0});
+    std::make_heap(heap_.begin(), heap_.end(), later);
+    touched_.clear();
     auto freeze = [&](std::uint32_t f, double r) {
       frozen_[f] = 1;
       rate[f] = r;
@@ -70,33 +79,48 @@ class max_min_solver {
         auto const l = static_cast<std::size_t>(paths[f].link[h]);
         --cnt_[l];
         used_[l] += r;
+        if (!dirty_[l]) {
+          dirty_[l] = 1;
+          touched_.push_back(static_cast<std::uint32_t>(l));
+        }
       }
+    };
+    auto republish = [&]() {  // one fresh heap entry per link changed by the last batch
+      for (std::uint32_t l : touched_) {
+        dirty_[l] = 0;
+        ++ver_[l];
+        if (cnt_[l] > 0) {
+          heap_.push_back({share(l), l, ver_[l]});
+          std::push_heap(heap_.begin(), heap_.end(), later);
+        }
+      }
+      touched_.clear();
     };
 
     while (unfrozen > 0) {
-      double level = inf;
-      for (std::uint32_t l : active_) {
-        double const share = std::max(0.0, capacity[l] - used_[l]) / cnt_[l];
-        level = std::min(level, share);
+      while (!heap_.empty() && (heap_.front().ver != ver_[heap_.front().link] || cnt_[heap_.front().link] == 0)) {
+        std::pop_heap(heap_.begin(), heap_.end(), later);
+        heap_.pop_back();
       }
+      double const link_level = heap_.empty() ? inf : heap_.front().share;
       while (ci < by_cap_.size() && frozen_[by_cap_[ci]]) ++ci;
-      if (ci < by_cap_.size()) level = std::min(level, caps[by_cap_[ci]]);
-      if (level == inf) break;  // unreachable: every unfrozen flow crosses a link
-      double const thr = level * (1.0 + rel_tol) + abs_tol;
-      bottleneck_.clear();
-      for (std::uint32_t l : active_)
-        if (std::max(0.0, capacity[l] - used_[l]) / cnt_[l] <= thr) bottleneck_.push_back(l);
-      for (std::uint32_t l : bottleneck_)
-        for (std::uint32_t k = start_[l]; k < start_[l + 1]; ++k)
-          if (!frozen_[adj_[k]]) freeze(adj_[k], level);
-      while (ci < by_cap_.size() && (frozen_[by_cap_[ci]] || caps[by_cap_[ci]] <= thr)) {
-        if (!frozen_[by_cap_[ci]]) freeze(by_cap_[ci], level);
-        ++ci;
+      if (ci < by_cap_.size() && caps[by_cap_[ci]] <= link_level * (1.0 + rel_tol) + abs_tol) {
+        // Every flow capped below the lowest link share stops at its cap. Freezing a flow below a
+        // link's fair share only raises that share, so the whole batch is safe at once.
+        double const thr = link_level * (1.0 + rel_tol) + abs_tol;
+        for (; ci < by_cap_.size() && (frozen_[by_cap_[ci]] || caps[by_cap_[ci]] <= thr); ++ci)
+          if (!frozen_[by_cap_[ci]]) freeze(by_cap_[ci], std::min(caps[by_cap_[ci]], link_level));
+        republish();
+        continue;
       }
-      std::size_t w = 0;
-      for (std::uint32_t l : active_)
-        if (cnt_[l] > 0) active_[w++] = l;
-      active_.resize(w);
+      if (heap_.empty()) break;  // unreachable: every unfrozen flow crosses a link
+      auto const top = heap_.front();
+      std::pop_heap(heap_.begin(), heap_.end(), later);
+      heap_.pop_back();
+      // The bottleneck: every unfrozen flow of this link gets its fair share.
+      for (std::uint32_t k = start_[top.link]; k < start_[top.link + 1]; ++k)
+        if (!frozen_[adj_[k]]) freeze(adj_[k], top.share);
+      republish();
     }
   }
 
@@ -105,9 +129,17 @@ class max_min_solver {
   static constexpr double abs_tol = 1e-9;  ///< bytes per second: far below anything simulated
 
  private:
-  std::vector<std::uint8_t> frozen_;
-  std::vector<std::uint32_t> cnt_, start_, fill_, adj_, active_, by_cap_, bottleneck_;
+  struct entry {
+    double share;
+    std::uint32_t link, ver;
+  };
+  static bool later(entry const& a, entry const& b) {  // min-heap by share, ties to the lower link id
+    return a.share > b.share || (a.share == b.share && a.link > b.link);
+  }
+  std::vector<std::uint8_t> frozen_, dirty_;
+  std::vector<std::uint32_t> cnt_, start_, fill_, adj_, active_, by_cap_, touched_, ver_;
   std::vector<double> used_;
+  std::vector<entry> heap_;
 };
 
 }  // namespace reccl_sim

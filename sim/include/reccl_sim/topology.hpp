@@ -5,7 +5,8 @@
 //               │  ╲            ╱  │
 //          up/down  ╲        ╱   up/down               ToR→spine capacity =
 //               │     ╲    ╱       │                   (NICs under the ToR × NIC rate)
-//             ToR 0      ToR 1    ...                  / (spines × oversubscription)
+//             ToR 0      ToR 1    ...                  / (spines × oversubscription); with
+//                                                     spraying, one pooled link of all spines
 //            ╱ │ ╲       ╱ │ ╲
 //      nic_out/nic_in  (one NIC per GPU: rail k = GPU k of its node)
 //          │   │   │
@@ -61,12 +62,20 @@ struct cluster_params {
   /// fibre at 5 ns/m).
   double switch_latency = 0.6e-6;
 
+  /// How flows between ToRs spread over the spines. ecmp: each flow hashes onto one spine (per
+  /// flow label, as RoCE ECMP does with one QP per connection), so flows can collide. spray: every
+  /// flow is spread evenly over all spines (packet spraying / adaptive routing), modelled as one
+  /// uplink and one downlink per ToR with the spines' combined capacity.
+  enum class spine_routing : std::uint8_t { ecmp, spray };
+  spine_routing routing = spine_routing::ecmp;
   /// Seed of the ECMP hash: which spine each flow lands on.
   std::uint64_t ecmp_seed = 1;
 
   /// Payload bytes per second of a NIC link.
   double nic_payload_rate() const { return nic_line_rate * mtu / static_cast<double>(mtu + packet_overhead); }
   int tors() const { return (nodes + nodes_per_tor - 1) / nodes_per_tor; }
+  /// Spine links per ToR and direction: the spines, or one pooled link when spraying.
+  int spine_links() const { return routing == spine_routing::spray ? 1 : spines; }
 };
 
 enum class link_kind : std::uint8_t { nvl_out, nvl_in, nic_out, nic_in, tor_up, spine_down };
@@ -130,7 +139,7 @@ class topology {
     if (p.nvlink_latency < 0 || p.nic_latency < 0 || p.switch_latency < 0)
       throw std::invalid_argument("cluster latencies must be >= 0");
     int const g = gpus();
-    links_.resize(static_cast<std::size_t>(4 * g + 2 * p.tors() * p.spines));
+    links_.resize(static_cast<std::size_t>(4 * g + 2 * p.tors() * p.spine_links()));
     double const nic = p.nic_payload_rate();
     for (int i = 0; i < g; ++i) {
       links_[nvl_out(i)] = link{p.nvlink_bw, p.nvlink_latency, link_kind::nvl_out, i};
@@ -140,9 +149,9 @@ class topology {
       links_[nic_out(i)] = link{nic, p.nic_latency + p.switch_latency, link_kind::nic_out, i};
       links_[nic_in(i)] = link{nic, p.nic_latency, link_kind::nic_in, i};
     }
-    double const up = p.nodes_per_tor * p.gpus_per_node * nic / (p.spines * p.oversubscription);
+    double const up = p.nodes_per_tor * p.gpus_per_node * nic / (p.spine_links() * p.oversubscription);
     for (int t = 0; t < p.tors(); ++t)
-      for (int s = 0; s < p.spines; ++s) {
+      for (int s = 0; s < p.spine_links(); ++s) {
         links_[tor_up(t, s)] = link{up, p.switch_latency, link_kind::tor_up, t, s};
         links_[spine_down(s, t)] = link{up, p.switch_latency, link_kind::spine_down, t, s};
       }
@@ -160,8 +169,8 @@ class topology {
   int nvl_in(int g) const { return gpus() + g; }
   int nic_out(int g) const { return 2 * gpus() + g; }
   int nic_in(int g) const { return 3 * gpus() + g; }
-  int tor_up(int t, int s) const { return 4 * gpus() + t * p_.spines + s; }
-  int spine_down(int s, int t) const { return 4 * gpus() + p_.tors() * p_.spines + t * p_.spines + s; }
+  int tor_up(int t, int s) const { return 4 * gpus() + t * p_.spine_links() + s; }
+  int spine_down(int s, int t) const { return 4 * gpus() + p_.tors() * p_.spine_links() + t * p_.spine_links() + s; }
 
   std::vector<link> const& links() const { return links_; }
   std::vector<link>& links() { return links_; }
@@ -188,8 +197,9 @@ class topology {
 
   /// The path from GPU `src` to GPU `dst`. Between nodes the transfer leaves through the NIC of
   /// GPU `src_rail` (a GPU of src's node) and enters through the NIC of GPU `dst_rail` (a GPU of
-  /// dst's node); `label` feeds the ECMP hash that picks the spine. src == dst gives an empty path.
-  path route(int src, int dst, int src_rail, int dst_rail, std::uint64_t label) const {
+  /// dst's node); `label` feeds the ECMP hash that picks the spine, unless `spine` >= 0 pins it.
+  /// src == dst gives an empty path.
+  path route(int src, int dst, int src_rail, int dst_rail, std::uint64_t label, int spine = -1) const {
     check_gpu(src);
     check_gpu(dst);
     path r;
@@ -211,9 +221,14 @@ class topology {
     r.push(nic_out(src_rail));
     int const ts = tor_of_node(ns), td = tor_of_node(nd);
     if (ts != td) {
-      int const s = static_cast<int>(hash_mix(p_.ecmp_seed, static_cast<std::uint64_t>(src_rail),
-                                              static_cast<std::uint64_t>(dst_rail), label) %
-                                     static_cast<std::uint64_t>(p_.spines));
+      if (spine >= p_.spine_links())
+        throw std::invalid_argument("route: spine " + std::to_string(spine) +
+                                    (p_.routing == cluster_params::spine_routing::spray ? " cannot be pinned when flows are sprayed"
+                                                                                         : " does not exist"));
+      int const s = spine >= 0 ? spine
+                               : static_cast<int>(hash_mix(p_.ecmp_seed, static_cast<std::uint64_t>(src_rail),
+                                                           static_cast<std::uint64_t>(dst_rail), label) %
+                                                  static_cast<std::uint64_t>(p_.spine_links()));
       r.push(tor_up(ts, s));
       r.push(spine_down(s, td));
     }
