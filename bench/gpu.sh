@@ -49,7 +49,9 @@ if has build; then
     INC=(-Iinclude -I.)
     [[ -d .deps/include ]] && INC+=(-isystem .deps/include)
     NCCL_INC=$(dirname "$(ls /usr/include/nccl.h /usr/local/cuda/include/nccl.h 2>/dev/null | head -1)")
-    FLAGS=(-std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr -isystem "$NCCL_INC" "${INC[@]}")
+    FLAGS=(-std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr "${INC[@]}")
+    # /usr/include is already a system directory; naming it again breaks libstdc++'s #include_next
+    [[ "$NCCL_INC" != /usr/include ]] && FLAGS+=(-isystem "$NCCL_INC")
     nvcc "${FLAGS[@]}" bench/perf/reccl_perf.cu -o "$PERF" -lnccl >"$OUT/build_perf.log" 2>&1 &
     p1=$!
     nvcc "${FLAGS[@]}" tests/device/collectives.test.cu -o "$T_COLL" -lnccl >"$OUT/build_coll.log" 2>&1 &
@@ -104,8 +106,10 @@ if has bench-ar; then
   bench ar_reg reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 -R 1 --nccl 0
 fi
 if [[ " $STAGES " == *" sweep "* ]]; then  # tuning sweep (not part of "all")
-  bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 256K -e 256M -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
-    --algo pipelined --ctas 8,16,32,64 --chunk 4096,8192,16384
+  bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
+    --algo pipelined --ctas 16,32,64 --chunk 4096,16384,65536 --ring_chunk 65536
+  bench sweep_flag reccl_all_gather_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
+    --algo pipelined --ctas 16,32,64 --chunk 4096,16384,65536 --ring_chunk 65536
   bench sweep_one_shot reccl_all_reduce_perf -d bfloat16 -b 16K -e 1M -f 4 -G 5 -n 100 -w 20 --nccl 0 --in_place 0 \
     --algo one_shot,pipelined --ctas 0,4,8,16,32,64
   bench sweep_two_shot reccl_all_reduce_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 -R 1 --nccl 0 --in_place 0 \
@@ -135,4 +139,11 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
               f"wrong={r['reccl_oop_wrong']}/{r['reccl_ip_wrong']}  nccl {nu:9.2f} symm {su:9.2f}  ratio {r['ratio_vs_better_nccl']:.2f}")
     if "floor" in d: print("  floor:", d["floor"])
 PY
+fi
+
+# ---- pack (the device tool returns few files: one archive holds them all) ---------------------------
+if [[ "${PACK:-0}" == 1 ]]; then
+  (cd "$OUT" && tar czf /tmp/gpu-results.tgz --exclude=gpu-results.tgz . && rm -f ./*.json ./*.txt ./*.log &&
+    mv /tmp/gpu-results.tgz .)
+  log "packed results into $OUT/gpu-results.tgz"
 fi

@@ -163,6 +163,31 @@ template <class T> RECCL_DEVICE pack16 from_acc(redop op, acc_pack<T> const& a, 
   for (int i = 0; i < pack_elems<T>; ++i) e[i] = element<T>::from_acc(finalize(op, a.v[i], nranks));
   return p;
 }
+/// Two-rank reduction of one pack with the op fixed at compile time: rank 0's values (Op) rank 1's,
+/// finalised. Same arithmetic as combine()/finalize(), without a per-element switch.
+template <class T, redop Op> RECCL_DEVICE pack16 reduce_pair(pack16 const& r0, pack16 const& r1) {
+  using B = bits_t<T>;
+  B const* e0 = reinterpret_cast<B const*>(&r0);
+  B const* e1 = reinterpret_cast<B const*>(&r1);
+  pack16 p;
+  B* o = reinterpret_cast<B*>(&p);
+#pragma unroll
+  for (int i = 0; i < pack_elems<T>; ++i)
+    o[i] = element<T>::from_acc(finalize(Op, combine(Op, element<T>::to_acc(e0[i]), element<T>::to_acc(e1[i])), 2));
+  return p;
+}
+
+/// Calls f.template operator()<Op>() with `op` as a compile-time value.
+template <class F> RECCL_DEVICE void with_op(redop op, F&& f) {
+  switch (op) {
+    case redop::sum: f.template operator()<redop::sum>(); break;
+    case redop::prod: f.template operator()<redop::prod>(); break;
+    case redop::min: f.template operator()<redop::min>(); break;
+    case redop::max: f.template operator()<redop::max>(); break;
+    case redop::avg: f.template operator()<redop::avg>(); break;
+  }
+}
+
 /// The pack with -0 replaced by +0 in every float element (identity for integer and raw types).
 template <class T> RECCL_DEVICE pack16 canonical(pack16 p) {
   if constexpr (element<T>::is_float) {

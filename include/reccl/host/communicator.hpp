@@ -397,8 +397,9 @@ class nvlink_communicator {
     RECCL_CUDA_CHECK(cudaMemset(p, 0, s_->L.total_bytes()));
     for (int l = 0; l < cfg.lanes; ++l) {
       char* lane = static_cast<char*>(p) + s_->L.header_bytes + static_cast<std::uint64_t>(l) * s_->L.lane_bytes;
-      std::uint64_t const words = 2ull * s_->nranks * cfg.max_ctas * s_->L.one_shot_stride() / 4;
-      detail::poison_kernel<<<256, 256>>>(reinterpret_cast<std::uint32_t*>(lane + s_->L.one_shot_off), words);
+      // one-shot slots and ring slots (contiguous, to the end of the lane) start "not arrived"
+      std::uint64_t const words = (s_->L.lane_bytes - s_->L.one_shot_off) / 4;
+      detail::poison_kernel<<<1024, 256>>>(reinterpret_cast<std::uint32_t*>(lane + s_->L.one_shot_off), words);
       RECCL_CUDA_CHECK(cudaGetLastError());
     }
     RECCL_CUDA_CHECK(cudaMalloc(&s_->hello_result, sizeof(std::uint32_t)));
@@ -517,6 +518,7 @@ class nvlink_communicator {
     bool const one_shot_ok = reduces(c) && lamport_type;
     int const V = t == dtype::float16 || t == dtype::bfloat16 ? 8 : t == dtype::float64 || t == dtype::int64 ? 2 : 4;
     int const Vb = reduces(c) ? V : 16;  // copying collectives move raw bytes
+    std::uint64_t const units = reduces(c) ? count : seg;  // what the kernel's split counts
 
     plan p;
     p.algo = o.algo;
@@ -575,6 +577,10 @@ class nvlink_communicator {
       sp = *o.vt_split;
       if (sp.n_vts < 1 || sp.n_vts > max_vts || sp.sum() != count)
         throw error(status::invalid_argument, "vt_split: VT count outside [1, max_vts] or counts do not sum to count");
+      if (!reduces(c)) {  // copying collectives run on bytes: scale the element split
+        for (int i = 0; i < max_vts; ++i) sp.count[i] *= size_of(t);
+        sp.total *= size_of(t);
+      }
       for (int i = 0; i < sp.n_vts; ++i)
         if (!sp.live(i) && sp.count[i] != 0) throw error(status::invalid_argument, "vt_split: a masked VT holds elements");
       p.n_vts = sp.n_vts;
@@ -584,7 +590,7 @@ class nvlink_communicator {
       if (nv > max_vts) throw error(status::invalid_argument, "vts above max_vts");
       p.n_vts = nv < grid ? nv : grid;
       // equal shares, VT boundaries on whole 16-byte packs
-      sp = to_split(equal_shares(p.n_vts, all_live(p.n_vts)), count, static_cast<std::uint64_t>(Vb));
+      sp = to_split(equal_shares(p.n_vts, all_live(p.n_vts)), units, static_cast<std::uint64_t>(Vb));
     }
     p.ctas_per_vt = grid / p.n_vts;
     if (p.ctas_per_vt < 1) p.ctas_per_vt = 1;
@@ -672,7 +678,7 @@ class nvlink_communicator {
     a.root = root;
     a.ctas_per_vt = p.ctas_per_vt;
     a.chunk_packs = p.chunk_packs;
-    a.count = count;
+    a.count = reduces(c) ? count : seg;  // copying collectives: a byte stream
     a.seg_bytes = seg;
     a.timeout_ns = s_->cfg.timeout_ns;
     a.in = reads_in ? in : out;

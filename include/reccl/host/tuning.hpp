@@ -34,7 +34,7 @@ struct tuning {
   /// Registered buffers take the zero-copy path from this size (below it, one-shot when eligible).
   std::uint64_t zero_copy_min_bytes = 256u << 10;
   /// One-shot CTA count = ceil(bytes / one_shot_bytes_per_cta), at most the configured max.
-  std::int32_t one_shot_bytes_per_cta = 16 << 10;
+  std::int32_t one_shot_bytes_per_cta = 8 << 10;
   /// VTs per collective: min(vts, CTAs), CTAs rounded down to a multiple of it.
   std::int32_t vts = 8;
   tune_row pipelined[tune_rows] = {{64u << 10, 4, 4 << 10},   {256u << 10, 8, 8 << 10},

@@ -24,14 +24,48 @@ namespace reccl::device {
 /// Packs per thread the one-shot kernel keeps in flight (slot capacity <= unroll * CTA threads).
 inline constexpr int one_shot_unroll = 4;
 
+/// Poll a Lamport slot pack until it has arrived. Returns false on deadline or abort.
+RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, std::uint64_t deadline, int const* abort_flag,
+                               std::uint32_t* st) {
+  for (std::uint32_t s = 1;; ++s) {
+    x = load_pack_relaxed_sys(p);
+    if (lamport_arrived(x)) return true;
+    if (s % deadline_check_period == 0) {
+      if (*static_cast<volatile int const*>(abort_flag) || read_status(st) != 0) return false;
+      if (globaltimer() > deadline) {
+        raise_status(st, status::timeout);
+        return false;
+      }
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args const a) {
   static_assert(element<T>::is_float && sizeof(T) <= 4, "one-shot Lamport slots carry fp32/fp16/bf16 only");
   constexpr int V = pack_elems<T>;
+  constexpr int U = one_shot_unroll;
   pdl_wait();
   lsa_view const& v = a.view;
   std::uint32_t* const st = v.status();
   int const cta = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+  int const me = v.rank, n = v.nranks;
+  pattern const P = make_pattern(a.coll, me, n, a.root);
+  elem_range const r = cta_range(a.sp, a.ctas_per_vt, cta, V);
+  pack_span const ps = packs_of(r, V);
+  int const np = static_cast<int>(ps.size());
+  char const* const in = static_cast<char const*>(a.in);
+  char* const out = static_cast<char*>(a.out);
+  char const* const own = in + P.own_in_segment() * a.seg_bytes;
+
+  // Issue the loads of this rank's own contribution first: their latency overlaps the reads of the
+  // lane state below (the slot phase depends on it).
+  pack16 mine[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    int const k = tid + u * cta_threads;
+    if (k < np) mine[u] = canonical<T>(load_user<T>(own, ps.first + k, r, a.vec_ok));
+  }
   __shared__ int abort_flag;
   if (tid == 0) abort_flag = read_status(st) != 0;
   std::uint64_t const seq = *v.one_shot_seq(cta);
@@ -42,88 +76,91 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
   }
   std::uint64_t const deadline = globaltimer() + a.timeout_ns;
   int const phase = static_cast<int>(seq & 1u);
-  int const me = v.rank, n = v.nranks;
-  pattern const P = make_pattern(a.coll, me, n, a.root);
-  elem_range const r = cta_range(a.sp, a.ctas_per_vt, cta, V);
-  pack_span const ps = packs_of(r, V);
-  int const np = static_cast<int>(ps.size());
-  char const* const in = static_cast<char const*>(a.in);
-  char* const out = static_cast<char*>(a.out);
 
   // 1. push: my contribution to every peer's slot [phase][me][cta]
 #pragma unroll
-  for (int u = 0; u < one_shot_unroll; ++u) {
+  for (int u = 0; u < U; ++u) {
     int const k = tid + u * cta_threads;
     if (k < np) {
-      std::uint64_t const j = ps.first + k;
-      if (P.same_source) {
-        pack16 const x = canonical<T>(load_user<T>(in, j, r, a.vec_ok));
-        for (int p = 0; p < n; ++p)
-          if (p != me) store_pack_relaxed_sys(v.one_shot_slot(p, phase, me, cta) + 16 + k * 16, x);
-      } else {
-        for (int p = 0; p < n; ++p)
-          if (p != me) {
-            pack16 const x = canonical<T>(load_user<T>(in + P.send_segment(p) * a.seg_bytes, j, r, a.vec_ok));
-            store_pack_relaxed_sys(v.one_shot_slot(p, phase, me, cta) + 16 + k * 16, x);
-          }
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        pack16 const x = P.same_source ? mine[u]
+                                       : canonical<T>(load_user<T>(in + P.send_segment(p) * a.seg_bytes, ps.first + k, r, a.vec_ok));
+        store_pack_relaxed_sys(v.one_shot_slot(p, phase, me, cta) + 16 + k * 16, x);
       }
     }
   }
+  pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
   if (tid < n && tid != me) {
     // header words never equal the sentinel (bit 31 clear)
-    pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
     store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
     // 2. check the peer's header (thread `tid` checks peer `tid`)
     char* const hp = v.one_shot_slot(me, phase, tid, cta);
-    for (std::uint32_t k = 1;; ++k) {
-      pack16 const g = load_pack_relaxed_sys(hp);
-      if (lamport_arrived(g)) {
-        if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
-          raise_status(st, status::mismatch);
-          abort_flag = 1;
-        }
-        store_pack(hp, lamport_poison());
-        break;
+    pack16 g;
+    if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
+      if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
+        raise_status(st, status::mismatch);
+        abort_flag = 1;
       }
-      if (k % deadline_check_period == 0) {
-        if (read_status(st) != 0) { abort_flag = 1; break; }
-        if (globaltimer() > deadline) { raise_status(st, status::timeout); abort_flag = 1; break; }
-      }
+      store_pack(hp, lamport_poison());
+    } else {
+      abort_flag = 1;
     }
   }
 
-  // 3. receive: reduce own input and every peer's packs in rank order, re-poison what was read
-  char const* const own = in + P.own_in_segment() * a.seg_bytes;
+  // 3. receive: poll all my packs of a peer at once, combine in rank order, re-poison what was read
   bool ok = true;
+  if (n == 2) {
+    char* const base = v.one_shot_slot(me, phase, 1 - me, cta) + 16;
+    pack16 x[U];
 #pragma unroll
-  for (int u = 0; u < one_shot_unroll; ++u) {
-    int const k = tid + u * cta_threads;
-    if (k < np && ok) {
-      std::uint64_t const j = ps.first + k;
-      pack16 const mine = load_user<T>(own, j, r, a.vec_ok);
-      acc_pack<T> acc;
-      for (int q = 0; q < n && ok; ++q) {
-        pack16 x;
-        if (q == me) {
-          x = mine;
-        } else {
-          char* const sp = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
-          for (std::uint32_t s = 1;; ++s) {
-            x = load_pack_relaxed_sys(sp);
-            if (lamport_arrived(x)) break;
-            if (s % deadline_check_period == 0) {
-              if (*static_cast<volatile int*>(&abort_flag) || read_status(st) != 0) { ok = false; break; }
-              if (globaltimer() > deadline) { raise_status(st, status::timeout); ok = false; break; }
-            }
-          }
-          if (!ok) break;
-          store_pack(sp, lamport_poison());
-        }
-        if (q == 0) acc = to_acc<T>(x);
-        else combine_into<T>(a.op, acc, x);
-      }
-      if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, j, r, a.vec_ok, from_acc<T>(a.op, acc, n));
+    for (int u = 0; u < U; ++u) {
+      int const k = tid + u * cta_threads;
+      if (k < np) x[u] = load_pack_relaxed_sys(base + k * 16);
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int const k = tid + u * cta_threads;
+      if (k < np && ok && !lamport_arrived(x[u])) ok = lamport_poll(base + k * 16, x[u], deadline, &abort_flag, st);
+    }
+    if (ok) {
+      bool const write = !*static_cast<volatile int*>(&abort_flag);
+      with_op(a.op, [&]<redop Op>() {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          int const k = tid + u * cta_threads;
+          if (k < np) {
+            store_pack(base + k * 16, lamport_poison());
+            pack16 const y = me == 0 ? reduce_pair<T, Op>(mine[u], x[u]) : reduce_pair<T, Op>(x[u], mine[u]);
+            if (write) store_user<T>(out, ps.first + k, r, a.vec_ok, y);
+          }
+        }
+      });
+    }
+    __syncthreads();
+    if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
+    pdl_trigger();
+    return;
+  }
+  // more than two ranks: one pack at a time, peers polled in rank order
+#pragma unroll 1
+  for (int u = 0; u < U && ok; ++u) {
+    int const k = tid + u * cta_threads;
+    if (k >= np) break;
+    acc_pack<T> acc;
+    for (int q = 0; q < n && ok; ++q) {
+      pack16 x;
+      if (q == me) {
+        x = load_user<T>(own, ps.first + k, r, a.vec_ok);  // reloaded: a run-time index into mine[] would spill it
+      } else {
+        char* const p = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
+        ok = lamport_poll(p, x, deadline, &abort_flag, st);
+        if (ok) store_pack(p, lamport_poison());
+      }
+      if (q == 0) acc = to_acc<T>(x);
+      else combine_into<T>(a.op, acc, x);
+    }
+    if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, ps.first + k, r, a.vec_ok, from_acc<T>(a.op, acc, n));
   }
   __syncthreads();
   if (tid == 0) *v.one_shot_seq(cta) = seq + 1;

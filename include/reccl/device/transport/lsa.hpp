@@ -13,7 +13,7 @@
 //          | ready inbox     [cta][warp][src]    (u64: staged chunk sequence published)        |
 //          | credit inbox    [cta][warp][src]    (u64: ring slot sequence released)            |
 //          | one-shot slots  [phase][src][cta] x (16-byte header + slot bytes), Lamport-poisoned |
-//          | ring slots      [src][cta][warp][depth] x chunk bytes                             |
+//          | ring slots      [src][cta][warp][depth] x (chunk bytes + 16-byte header), poisoned|
 //
 // A lane is the unit of concurrency: collectives that may run at the same time (different streams)
 // use different lanes; collectives on one lane are ordered by the caller's stream. Counters only
@@ -37,7 +37,7 @@ struct lsa_layout {
   std::int32_t lanes = 0;
   std::int32_t max_ctas = 0;
   std::int32_t one_shot_slot_bytes = 0;  ///< per (phase, src, cta), excluding the 16-byte header
-  std::int32_t ring_chunk_bytes = 0;     ///< per ring slot
+  std::int32_t ring_chunk_bytes = 0;     ///< payload per ring slot (a 16-byte header follows it)
   std::int32_t ring_depth = 0;
   std::uint64_t header_bytes = 0;
   std::uint64_t lane_bytes = 0;
@@ -76,7 +76,7 @@ RECCL_HOST_DEVICE constexpr lsa_layout make_lsa_layout(int nranks, int lanes, in
   L.one_shot_off = o;
   o = round_up(o + 2ull * nranks * mc * (16u + static_cast<std::uint64_t>(one_shot_slot_bytes)), 4096);
   L.ring_off = o;
-  o = round_up(o + static_cast<std::uint64_t>(nranks) * mc * ring_warps * ring_depth * ring_chunk_bytes, 4096);
+  o = round_up(o + static_cast<std::uint64_t>(nranks) * mc * ring_warps * ring_depth * (ring_chunk_bytes + 16u), 4096);
   L.lane_bytes = o;
   return L;
 }
@@ -124,7 +124,7 @@ struct lsa_view {
     std::uint64_t const slot = seq % static_cast<std::uint64_t>(L.ring_depth);
     std::uint64_t const idx =
         ((static_cast<std::uint64_t>(src) * L.max_ctas + cta) * ring_warps + warp) * L.ring_depth + slot;
-    return lane_base(owner) + L.ring_off + idx * static_cast<std::uint64_t>(L.ring_chunk_bytes);
+    return lane_base(owner) + L.ring_off + idx * (static_cast<std::uint64_t>(L.ring_chunk_bytes) + 16u);
   }
 };
 
