@@ -322,8 +322,10 @@ TEST_CASE("retirement runs in the background, in queue order; the caller pays mi
     auto const t1 = clk::now();
     pool.retire("TP1x4");
     auto const t2 = clk::now();
-    CHECK(seconds(t1 - t0) < 1e-3);
-    CHECK(seconds(t2 - t1) < 1e-3);
+    // off the caller's path: a queue push (microseconds; the bound leaves room for a loaded CI
+    // machine), against 150 ms of teardown each
+    CHECK(seconds(t1 - t0) < 15e-3);
+    CHECK(seconds(t2 - t1) < 15e-3);
     check_all_reduce(pool.active(), 3);  // the active shape works while the others are torn down
 
     expect_pool_error([&] { pool.retire("TP2x2"); }, status::invalid_argument, "TP2x2", "not built");
@@ -413,7 +415,7 @@ TEST_CASE("a teardown past its bound is abandoned and reported; shutdown never h
     auto const s0 = clk::now();
     auto rep = pool.shutdown();  // TP2 and TP2b hang too
     double const ds = seconds(clk::now() - s0);
-    CHECK(ds < 0.3 + 0.25);  // the bound plus scheduling slack
+    CHECK(ds < 0.3 + 0.5);  // the bound plus scheduling slack
     CHECK_FALSE(rep.clean());
     auto u = rep.unreleased();
     REQUIRE(u.size() == 3);
