@@ -37,9 +37,9 @@ namespace {
 constexpr int nranks = 4;
 constexpr int n_vts = 4;
 constexpr int slow_vt = 3;
-constexpr double base_rate = 25e6;          // bytes/s per link of a healthy VT
+constexpr double base_rate = 5e6;           // bytes/s per link of a healthy VT
 constexpr double slow_rate = base_rate / 4;  // phase 2
-constexpr std::uint64_t count = 1 << 20;     // floats per rank: 4 MiB
+constexpr std::uint64_t count = 1 << 19;     // floats per rank: 2 MiB
 // Ring all-reduce: each link carries 2(N-1)/N of its VT's block.
 constexpr double ring_factor = 2.0 * (nranks - 1) / nranks;
 
@@ -109,8 +109,10 @@ int run(char const* alloc_name, std::string const& json_path) {
   reccl::cpu::config cfg;
   cfg.nranks = nranks;
   cfg.n_vts = n_vts;
-  cfg.slots = 4;
-  cfg.slot_bytes = 16384;
+  // 8 slots of 8 KiB: 13 ms of wire time in flight per link at the base rate, so a worker that the
+  // OS wakes a few milliseconds late does not leave its link idle.
+  cfg.slots = 8;
+  cfg.slot_bytes = 8192;
   cfg.wait_timeout_ns = 250'000'000;  // a VT that moves nothing for 250 ms is dead
   cfg.control.probe_interval = 4;     // try a masked VT every 4 collectives
   for (int v = 0; v < n_vts; ++v) cfg.faults.cap(v, base_rate);
@@ -122,9 +124,9 @@ int run(char const* alloc_name, std::string const& json_path) {
 
   fmt::print("reccl adaptive all-reduce on the CPU engine: {} ranks x {} VTs, ring, {} + stall telemetry\n", nranks,
              n_vts, alloc_name);
-  fmt::print("message {} MiB per rank; link caps {:.2f} MB/s per VT ({:.2f} MB/s for VT {} in phase 2); "
+  fmt::print("message {} KiB per rank; link caps {:.2f} MB/s per VT ({:.2f} MB/s for VT {} in phase 2); "
              "model = ring factor x block / cap (not measured)\n\n",
-             count * sizeof(float) >> 20, base_rate / 1e6, slow_rate / 1e6, slow_vt);
+             count * sizeof(float) >> 10, base_rate / 1e6, slow_rate / 1e6, slow_vt);
   fmt::print("{:>4} {:<10} {:>31}  {:>8}  {:>27}  {}\n", "#", "phase", "split % (VT0 VT1 VT2 VT3)", "time",
              "model ms: split equal optimal", "status");
 
