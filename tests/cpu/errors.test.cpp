@@ -3,7 +3,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "support.hpp"
 
@@ -151,6 +153,25 @@ TEST_CASE("a rank that never arrives: the others time out with an error naming t
     CHECK(errs[r].epoch() == 0);
     CHECK(contains(errs[r].what(), "rank 3 never arrived"));
   }
+}
+
+TEST_CASE("a rank that arrives after the others gave up fails fast instead of waiting out its deadlines") {
+  cpu::config c = small(3, 2);
+  c.sync_timeout_ns = 60'000'000'000;
+  cpu::communicator comm(c);
+  std::vector<std::vector<float>> in(3, std::vector<float>(64, 1.0f)), out(3, std::vector<float>(64));
+  std::uint64_t late_took = 0;
+  auto errs = errors_of(comm, [&](int r) {
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::uint64_t const t0 = cpu::now_ns();
+    ar::run(comm, r, in[r].data(), out[r].data(), 64);
+    if (r == 2) late_took = cpu::now_ns() - t0;
+  });
+  CHECK(errs[0].code() == status::timeout);
+  CHECK(errs[1].code() == status::timeout);
+  CHECK(errs[2].code() != status::ok);
+  CHECK(contains(errs[2].what(), "never arrived"));
+  CHECK(late_took == 0);  // it threw
 }
 
 TEST_CASE("reccl::error: what() names status, rank, VT and epoch") {

@@ -255,9 +255,35 @@ class communicator {
 
   detail::arrival_slot& arrival(int vt, int r) const { return arrivals_[static_cast<std::size_t>(vt) * cfg_.nranks + r]; }
 
+  /// Marks the communicator failed (first caller wins): waits of every rank end early and their
+  /// collectives throw too, instead of waiting out their deadlines for a rank that gave up.
+  void mark_failed(int rank, std::uint64_t epoch, status st, std::string const& what) {
+    bool expected = false;
+    if (failing_.compare_exchange_strong(expected, true)) {
+      failed_rank_ = rank;
+      failed_epoch_ = epoch;
+      failed_status_ = st;
+      failed_what_ = what;
+      failed_.store(true, std::memory_order_release);
+    }
+  }
+  /// Raised once some rank failed; see mark_failed.
+  std::atomic<bool> const& failed_flag() const { return failed_; }
+  /// The first failure, once failed_flag() is set: its rank and a description.
+  int failed_rank() const {
+    wait_failed();
+    return failed_rank_;
+  }
+  std::string failed_description() const {
+    wait_failed();
+    return "rank " + std::to_string(failed_rank_) + " failed in collective " + std::to_string(failed_epoch_) + " (" +
+           std::string(name(failed_status_)) + ": " + failed_what_ + ")";
+  }
+
   /// All-gathers one trivially copyable record per rank through the record slots: publishes
   /// `mine` for round `round`, then waits (until `deadline`) for every rank's record of that round.
-  /// Returns -1 on success, else the lowest rank whose record did not come.
+  /// Returns -1 on success, else the lowest rank whose record did not come (also when the wait
+  /// ended because the communicator failed: see failed_flag()).
   template <class R>
   int exchange(int me, std::uint64_t round, R const& mine, R* all, std::uint64_t deadline) const {
     static_assert(std::is_trivially_copyable_v<R> && sizeof(R) <= detail::max_record_bytes);
@@ -268,7 +294,7 @@ class communicator {
     for (int r = 0; r < cfg_.nranks; ++r) {
       detail::record_slot const& o = records_[base + r];
       if (!detail::poll_until([&] { return o.tag.load(std::memory_order_acquire) == round + 1; }, deadline,
-                              cfg_.poll_quantum_ns))
+                              cfg_.poll_quantum_ns, &failed_))
         return r;
       std::memcpy(&all[r], o.data, sizeof(R));
     }
@@ -281,6 +307,15 @@ class communicator {
   std::unique_ptr<detail::arrival_slot[]> arrivals_;
   std::unique_ptr<detail::record_slot[]> records_;
   std::vector<rank_state> ranks_;
+  void wait_failed() const {  // the winner of mark_failed publishes right after its CAS
+    while (failing_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+
+  std::atomic<bool> failing_{false}, failed_{false};
+  int failed_rank_ = -1;
+  std::uint64_t failed_epoch_ = 0;
+  status failed_status_ = status::ok;
+  std::string failed_what_;
 };
 
 }  // namespace reccl::cpu

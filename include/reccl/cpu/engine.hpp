@@ -128,6 +128,10 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   std::int64_t const e64 = static_cast<std::int64_t>(rs.ctl.epoch);
   auto invalid = [&](std::string const& what) { throw error(status::invalid_argument, what, rank, -1, e64); };
   if (rs.failed) throw error(status::internal, "the communicator failed in an earlier collective; build a new one", rank, -1, e64);
+  if (comm.failed_flag().load(std::memory_order_acquire)) {
+    rs.failed = true;
+    throw error(status::internal, "the communicator failed; build a new one [" + comm.failed_description() + "]", rank, -1, e64);
+  }
   if (!S::supports(Kind)) invalid(std::string("the schedule does not support ") + std::string(name(Kind)));
   if (static_cast<unsigned>(op) > static_cast<unsigned>(redop::avg)) invalid("unknown reduction op");
   if (root < 0 || root >= n) invalid("root " + std::to_string(root) + " outside [0, " + std::to_string(n) + ")");
@@ -203,7 +207,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     } const guard{r.finished};
     r.ran = true;
     r.probe = probe;
-    std::atomic<bool> const* abort = probe ? &probe_abort : nullptr;
+    std::atomic<bool> const* abort = probe ? &probe_abort : &comm.failed_flag();
     detail::arrival_slot& mine = comm.arrival(vt, rank);
     mine.args = args;
     mine.tag.store(e + 1, std::memory_order_release);
@@ -260,6 +264,9 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   collective_result res;
   auto fail = [&](status st, std::string const& what, int who, int vt) {
     rs.failed = true;
+    comm.mark_failed(rank, e, st, what);
+    // If another rank failed first, its failure may be why this rank's waits ended: say so.
+    if (comm.failed_rank() != rank) throw error(st, what + " [first failure: " + comm.failed_description() + "]", who, vt, e64);
     throw error(st, what, who, vt, e64);
   };
   for (int vt = 0; vt < cfg.n_vts; ++vt) {
@@ -322,8 +329,8 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     auto rworker = [&](int k) {
       tighten_timer_slack();
       int const vt = live_ids[k];
-      transport::cpu_threads::handle const h{&comm.fab(), rank, e, nullptr};
-      block_executor<T, S> ex(s, h, vt, op, bufs, cfg.wait_timeout_ns, nullptr);
+      transport::cpu_threads::handle const h{&comm.fab(), rank, e, &comm.failed_flag()};
+      block_executor<T, S> ex(s, h, vt, op, bufs, cfg.wait_timeout_ns, &comm.failed_flag());
       std::uint64_t const t0 = now_ns();
       for (int d = 0; d < cfg.n_vts && rrep[vt].blk.st == status::ok; ++d) {
         if (!((need >> d) & 1u) || sp.count[d] == 0) continue;
