@@ -187,3 +187,14 @@ TEST_CASE("get reads the peer's exposed area; a dead link copies nothing") {
   dead_reader.get(1, 0, 0, none.data(), 60);
   CHECK(none == std::vector<std::byte>(60, std::byte{0x5a}));
 }
+
+TEST_CASE("signal far ahead of the receiver: bounded, never a hang") {
+  auto fab = cpu::fabric(cpu::fabric_config{2, 1, 1, 64, 1'000}, {});  // 1 us quantum: the bound is 10 ms
+  handle const h{&fab, 0, 0, nullptr};
+  std::uint64_t const t0 = cpu::now_ns();
+  for (int k = 1; k <= cpu::queue_depth + 1; ++k) h.signal(0, 1, flag::ready, static_cast<std::uint64_t>(k));
+  CHECK(cpu::now_ns() - t0 < 2'000'000'000);
+  handle const rx{&fab, 1, 0, nullptr};
+  CHECK(rx.test(0, 0, flag::ready, cpu::queue_depth));
+  CHECK_FALSE(rx.test(0, 0, flag::ready, cpu::queue_depth + 1));  // the dropped one
+}

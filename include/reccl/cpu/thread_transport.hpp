@@ -152,8 +152,13 @@ struct cpu_threads {
         }
         if (l.dropping || fab->faults().dead_after(vt, rank, epoch) == 0) return;
         // The FIFO protocol keeps at most `slots` (<= queue_depth) values in flight, so this
-        // only waits if a caller signals far ahead of its receiver.
-        while (!l.push(value, l.last_visible_ns)) cpu::sleep_until_ns(cpu::now_ns() + poll_quantum_ns());
+        // only waits if a caller signals far ahead of its receiver. Bounded like every wait: after
+        // 10^4 poll quanta (or on abort) the value is dropped and the receiver's wait times out.
+        std::uint64_t const deadline = cpu::now_ns() + 10'000 * poll_quantum_ns();
+        while (!l.push(value, l.last_visible_ns)) {
+          if (cpu::now_ns() >= deadline || (abort && abort->load(std::memory_order_relaxed))) return;
+          cpu::sleep_until_ns(cpu::now_ns() + poll_quantum_ns());
+        }
       } else {
         if (fab->faults().dead_after(vt, rank, epoch) == 0) return;
         fab->at(vt, peer, rank).credit.store(value, std::memory_order_release);
