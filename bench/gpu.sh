@@ -89,7 +89,7 @@ if has test; then
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (unaligned, split and bad-input cases)"
-  RECCL_TEST_TIMEOUT_S=60 timeout 600 compute-sanitizer --tool memcheck --print-limit 20 "$T_COLL" \
+  RECCL_TEST_TIMEOUT_S=60 timeout 200 compute-sanitizer --tool memcheck --print-limit 20 "$T_COLL" \
     -tc='*unaligned*,*independent of the VT split*,*rejected on the host*' >"$OUT/sanitize.log" 2>&1
   rc=$?; SUMMARY+=("memcheck: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)")
 fi
@@ -106,14 +106,14 @@ if has bench-ar; then
   bench ar_reg reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 -R 1 --nccl 0
 fi
 if [[ " $STAGES " == *" sweep "* ]]; then  # tuning sweep (not part of "all")
-  bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
-    --algo pipelined --ctas 16,32,64 --chunk 4096,16384,65536 --ring_chunk 65536
-  bench sweep_flag reccl_all_gather_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
-    --algo pipelined --ctas 16,32,64 --chunk 4096,16384,65536 --ring_chunk 65536
+  bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
+    --algo pipelined --ctas 16,32,64,96,128 --chunk 8192,32768 --ring_chunk 32768 --max_ctas 128
+  bench sweep_flag reccl_all_gather_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
+    --algo pipelined,direct -R 1 --ctas 16,32,64,96,128 --chunk 8192,32768 --ring_chunk 32768 --max_ctas 128
   bench sweep_one_shot reccl_all_reduce_perf -d bfloat16 -b 16K -e 1M -f 4 -G 5 -n 100 -w 20 --nccl 0 --in_place 0 \
     --algo one_shot,pipelined --ctas 0,4,8,16,32,64
-  bench sweep_two_shot reccl_all_reduce_perf -d bfloat16 -b 1M -e 256M -f 4 -n 20 -w 5 -R 1 --nccl 0 --in_place 0 \
-    --algo two_shot,direct --ctas 16,32,64
+  bench sweep_two_shot reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 -R 1 --nccl 0 --in_place 0 \
+    --algo two_shot,direct --ctas 16,32,64,96,128 --max_ctas 128
 fi
 if has bench-other; then
   for op in reduce_scatter all_gather broadcast alltoall; do

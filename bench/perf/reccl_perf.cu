@@ -40,7 +40,7 @@ struct options {
   std::string min_bytes = "32M", max_bytes = "32M", step_bytes = "1M";
   double step_factor = 1.0;
   int ngpus = 2, iters = 20, warmup = 5, check = 1, root = 0, graph = 0, reg = 0, nccl = 1, reccl = 1, floor = 0;
-  int pdl = 1, lane = 0, vts = 0, in_place = 1, ring_chunk = 0;
+  int pdl = 1, lane = 0, vts = 0, in_place = 1, ring_chunk = 0, max_ctas = 0;
   std::string dtype = "float", redop = "sum", json;
   std::vector<std::string> algos{"auto"};
   std::vector<int> ctas{0}, chunks{0};
@@ -296,6 +296,7 @@ int run_rank(int rank, options const& o, ncclUniqueId id) {
   cfg.timeout_ns = static_cast<std::uint64_t>(o.timeout_s * 1e9);
   if (o.lane >= cfg.lanes) cfg.lanes = o.lane + 1;
   if (o.ring_chunk > 0) cfg.ring_chunk_bytes = o.ring_chunk;
+  if (o.max_ctas > 0) cfg.max_ctas = o.max_ctas;
   reccl::nvlink_communicator comm = reccl::nvlink_communicator::create(ctx.comm, cfg);
 
   std::uint64_t const min_b = parse_size(o.min_bytes), max_b = parse_size(o.max_bytes);
@@ -581,6 +582,7 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", o.chunks, "pipelined chunk bytes to try (0: tuning table)")->delimiter(',');
   app.add_option("--vts", o.vts, "VTs (0: tuning table)");
   app.add_option("--ring_chunk", o.ring_chunk, "ring slot payload bytes of the communicator (0: default)");
+  app.add_option("--max_ctas", o.max_ctas, "largest grid of the communicator (0: default)");
   app.add_option("--lane", o.lane, "reccl lane");
   app.add_option("--pdl", o.pdl, "programmatic dependent launch");
   app.add_option("--timeout", o.timeout_s, "device wait timeout, seconds");

@@ -26,16 +26,30 @@ RECCL_DEVICE std::uint32_t read_status(std::uint32_t const* word) { return *stat
 /// How often (in polls) a spinning thread looks at the clock and the status word.
 inline constexpr std::uint32_t deadline_check_period = 256;
 
+/// A thread's deadline, started lazily: the clock is first read when a wait has already spun for a
+/// while, so the fast path of a collective never reads %globaltimer. A wait therefore gives up at
+/// most `timeout` after it first had to spin.
+struct deadline_clock {
+  std::uint64_t timeout = 0;
+  std::uint64_t end = 0;
+  RECCL_DEVICE explicit deadline_clock(std::uint64_t timeout_ns) : timeout(timeout_ns) {}
+  RECCL_DEVICE bool expired() {
+    std::uint64_t const t = globaltimer();
+    if (end == 0) end = t + timeout;
+    return t > end;
+  }
+};
+
 /// Spin until *flag >= target (acquire). Returns false on timeout (after raising it) or when the
 /// lane already holds an error. `spins` counts unsuccessful polls (stall telemetry).
-RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, std::uint64_t deadline,
+RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, deadline_clock& deadline,
                                 std::uint32_t* status_word, std::uint64_t& spins) {
   for (std::uint32_t k = 1;; ++k) {
     if (load_acquire_sys(flag) >= target) return true;
     ++spins;
     if (k % deadline_check_period == 0) {
       if (read_status(status_word) != 0) return false;
-      if (globaltimer() > deadline) {
+      if (deadline.expired()) {
         raise_status(status_word, status::timeout);
         return false;
       }
@@ -52,7 +66,7 @@ RECCL_DEVICE std::uint64_t ready_word(std::uint64_t seq, std::uint32_t desc) {
 
 /// Spin until the sequence in *flag reaches `target`. When it equals `target` exactly, the
 /// descriptor fold must match ours (a larger value belongs to a later chunk, maybe a later call).
-RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, std::uint64_t deadline,
+RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, deadline_clock& deadline,
                              std::uint32_t* status_word, std::uint64_t& spins) {
   std::uint64_t const want = ready_word(target, desc);
   for (std::uint32_t k = 1;; ++k) {
@@ -68,7 +82,7 @@ RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, st
     ++spins;
     if (k % deadline_check_period == 0) {
       if (read_status(status_word) != 0) return false;
-      if (globaltimer() > deadline) {
+      if (deadline.expired()) {
         raise_status(status_word, status::timeout);
         return false;
       }
@@ -85,7 +99,7 @@ RECCL_DEVICE std::uint64_t barrier_word(std::uint32_t epoch, std::uint32_t desc)
 /// the preceding __syncthreads), acquire on completion. Must be called by all threads of the CTA.
 /// Returns false (after recording the status) on timeout or descriptor mismatch.
 RECCL_DEVICE bool cta_barrier(lsa_view const& v, int cta, std::uint32_t epoch, std::uint32_t desc,
-                              std::uint64_t deadline) {
+                              deadline_clock& deadline) {
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
@@ -108,7 +122,7 @@ RECCL_DEVICE bool cta_barrier(lsa_view const& v, int cta, std::uint32_t epoch, s
       }
       if (k % deadline_check_period == 0) {
         if (read_status(st) != 0) { failed = 1; break; }
-        if (globaltimer() > deadline) {
+        if (deadline.expired()) {
           raise_status(st, status::timeout);
           failed = 1;
           break;

@@ -6,9 +6,10 @@
 //  * Staged data written by a peer is read with `ld.global.cg` (L2 only), so a line cached in L1 by
 //    an earlier use of the same ring slot can never be returned.
 //  * Time: `%globaltimer` (nanoseconds, same clock for every SM of a GPU) bounds every wait.
-//  * Programmatic dependent launch (PDL): a kernel may be launched while its predecessor drains;
-//    `pdl_wait()` must precede the first access to anything the predecessor wrote, `pdl_trigger()`
-//    follows the last global write.
+//  * Programmatic dependent launch (PDL): a kernel may be launched while its predecessor runs;
+//    `pdl_wait()` (griddepcontrol.wait) returns once every prerequisite grid has completed and its
+//    memory operations are visible, and must precede the first access to anything they wrote.
+//    `pdl_trigger()` only lets the next grid be scheduled, so reccl kernels call it right away.
 //
 // Device-only; included only by nvcc-compiled translation units.
 #pragma once

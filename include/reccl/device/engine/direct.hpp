@@ -25,6 +25,9 @@ template <class T>
 __global__ void __launch_bounds__(cta_threads, 1) direct_kernel(coll_args const a) {
   constexpr int V = pack_elems<T>;
   pdl_wait();
+  // Let the next kernel of the stream launch now: its pdl_wait() still waits for this grid to
+  // complete and its writes to be visible, so only the launch latency overlaps.
+  pdl_trigger();
   lsa_view const& v = a.view;
   std::uint32_t* const st = v.status();
   int const cta = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
@@ -33,11 +36,10 @@ __global__ void __launch_bounds__(cta_threads, 1) direct_kernel(coll_args const 
   std::uint64_t const epoch64 = *v.bar_epoch(cta);
   __syncthreads();
   if (abort_flag) {
-    pdl_trigger();
     return;
   }
   std::uint32_t const epoch = static_cast<std::uint32_t>(epoch64);
-  std::uint64_t const deadline = globaltimer() + a.timeout_ns;
+  deadline_clock deadline(a.timeout_ns);
   int const me = v.rank, n = v.nranks;
   pattern const P = make_pattern(a.coll, me, n, a.root);
   elem_range const cr = cta_range(a.sp, a.ctas_per_vt, cta, V);
@@ -108,7 +110,6 @@ __global__ void __launch_bounds__(cta_threads, 1) direct_kernel(coll_args const 
   }
   __syncthreads();
   if (tid == 0) *v.bar_epoch(cta) = epoch64 + 2;
-  pdl_trigger();
 }
 
 }  // namespace reccl::device

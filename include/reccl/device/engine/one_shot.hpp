@@ -25,14 +25,14 @@ namespace reccl::device {
 inline constexpr int one_shot_unroll = 4;
 
 /// Poll a Lamport slot pack until it has arrived. Returns false on deadline or abort.
-RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, std::uint64_t deadline, int const* abort_flag,
+RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, deadline_clock& deadline, int const* abort_flag,
                                std::uint32_t* st) {
   for (std::uint32_t s = 1;; ++s) {
     x = load_pack_relaxed_sys(p);
     if (lamport_arrived(x)) return true;
     if (s % deadline_check_period == 0) {
       if (*static_cast<volatile int const*>(abort_flag) || read_status(st) != 0) return false;
-      if (globaltimer() > deadline) {
+      if (deadline.expired()) {
         raise_status(st, status::timeout);
         return false;
       }
@@ -46,6 +46,9 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
   constexpr int V = pack_elems<T>;
   constexpr int U = one_shot_unroll;
   pdl_wait();
+  // Let the next kernel of the stream launch now: its pdl_wait() still waits for this grid to
+  // complete and its writes to be visible, so only the launch latency overlaps.
+  pdl_trigger();
   lsa_view const& v = a.view;
   std::uint32_t* const st = v.status();
   int const cta = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
@@ -71,10 +74,9 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
   std::uint64_t const seq = *v.one_shot_seq(cta);
   __syncthreads();
   if (abort_flag) {
-    pdl_trigger();
     return;
   }
-  std::uint64_t const deadline = globaltimer() + a.timeout_ns;
+  deadline_clock deadline(a.timeout_ns);
   int const phase = static_cast<int>(seq & 1u);
 
   // 1. push: my contribution to every peer's slot [phase][me][cta]
@@ -139,7 +141,6 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
     }
     __syncthreads();
     if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
-    pdl_trigger();
     return;
   }
   // more than two ranks: one pack at a time, peers polled in rank order
@@ -164,7 +165,6 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
   }
   __syncthreads();
   if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
-  pdl_trigger();
 }
 
 }  // namespace reccl::device

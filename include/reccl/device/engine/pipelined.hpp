@@ -44,6 +44,9 @@ __global__ void __launch_bounds__(cta_threads, 1) pipelined_kernel(coll_args con
   constexpr int U = pipelined_unroll;
   constexpr bool lam = lamport_capable<T>;
   pdl_wait();
+  // Let the next kernel of the stream launch now: its pdl_wait() still waits for this grid to
+  // complete and its writes to be visible, so only the launch latency overlaps.
+  pdl_trigger();
   lsa_view const& v = a.view;
   std::uint32_t* const st = v.status();
   int const cta = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
@@ -59,10 +62,9 @@ __global__ void __launch_bounds__(cta_threads, 1) pipelined_kernel(coll_args con
   }
   __syncthreads();
   if (abort_flag) {
-    pdl_trigger();
     return;
   }
-  std::uint64_t const deadline = globaltimer() + a.timeout_ns;
+  deadline_clock deadline(a.timeout_ns);
   int const me = v.rank, n = v.nranks;
   pattern const P = make_pattern(a.coll, me, n, a.root);
   elem_range const cr = cta_range(a.sp, a.ctas_per_vt, cta, V);
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(cta_threads, 1) pipelined_kernel(coll_args con
         for (std::uint32_t t = 1; ok && guard && *static_cast<volatile std::uint32_t*>(&sent[w]) < k + 1; ++t) {
           if (t % deadline_check_period == 0) {
             if (*abort_v || read_status(st) != 0) ok = 0;
-            else if (globaltimer() > deadline) { raise_status(st, status::timeout); ok = 0; }
+            else if (deadline.expired()) { raise_status(st, status::timeout); ok = 0; }
           }
         }
         for (int p = 0; p < n && ok; ++p) {
@@ -266,15 +268,17 @@ __global__ void __launch_bounds__(cta_threads, 1) pipelined_kernel(coll_args con
         break;
       }
       __syncwarp();
+      // Credit every peer, also one this rank received nothing from (broadcast): each credit
+      // counter then tracks the shared sequence whichever way traffic flowed, so a later call
+      // with another root (or another collective) finds its slots released.
       if (lane == 0)
         for (int p = 0; p < n; ++p)
-          if (P.recvs_from(p)) store_release_sys(v.credit(p, cta, w, me), s + 1);
+          if (p != me) store_release_sys(v.credit(p, cta, w, me), s + 1);
       __syncwarp();
     }
   }
   __syncthreads();
   if (tid < ring_warps) *v.ring_seq(cta, tid) = base_seq[tid] + nchunks[tid];
-  pdl_trigger();
 }
 
 }  // namespace reccl::device
