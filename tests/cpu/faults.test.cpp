@@ -16,7 +16,7 @@ cpu::config base(int nranks, int n_vts) {
   c.granule = 1;
   c.slot_bytes = 4096;
   c.poll_quantum_ns = 50'000;
-  c.wait_timeout_ns = 100'000'000;  // 100 ms without progress: dead
+  c.wait_timeout_ns = 300'000'000;  // 300 ms without progress: dead (far above any CPU hiccup)
   c.poison_internal = true;
   return c;
 }
