@@ -476,11 +476,14 @@ int rank_main(options const& opt, int rank, shared_area* sh, std::string const& 
   std::optional<reccl::communicator_pool<reccl::nccl_pool_backend>> pool_storage;
   pool_storage.emplace(backend, o);
   auto& pool = *pool_storage;
-  std::size_t fr0 = 0, tot = 0;
+  std::size_t fr0 = 0, tot = 0, stack0 = 0, stack1 = 0;
   CK(cudaMemGetInfo(&fr0, &tot));
+  CK(cudaDeviceGetLimit(&stack0, cudaLimitStackSize));
   double const d_build = c.timed([&] { pool.build(); });
   std::size_t fr1 = 0;
   CK(cudaMemGetInfo(&fr1, &tot));
+  CK(cudaDeviceGetLimit(&stack1, cudaLimitStackSize));
+  if (lead) res.fact("cuda_stack_limit_bytes_before_after_build", "[" + std::to_string(stack0) + ", " + std::to_string(stack1) + "]");
   res.add("build every shape (" + std::to_string(o.shapes.size()) + ")", d_build);
   {
     auto rep = pool.report();
@@ -599,9 +602,27 @@ int rank_main(options const& opt, int rank, shared_area* sh, std::string const& 
       res.add("graph recapture after a switch (capture + update or instantiate)", d,
               "one reccl and one NCCL 1 MiB all-reduce per step");
     }
-    if (exec) CK(cudaGraphExecDestroy(exec));
     if (lead) res.fact("graph_recapture_updates_vs_instantiations", "[" + std::to_string(updates) + ", " +
                                                                      std::to_string(instantiations) + "]");
+    // the same shape again: the captured graph has the same topology, so it is updated in place
+    int same_updates = 0;
+    auto& g = pool.switch_to(A);
+    for (int t = 0; t <= T; ++t) {
+      bool updated = false;
+      double const d = c.timed([&] {
+        updated = reccl::recapture(s, exec, [&](cudaStream_t st) {
+          g.all_reduce(g.window(0), g.window(1), small / 2, dtype::bfloat16, redop::sum, st);
+          g.nccl_all_reduce(pin, pout, small / 2, ncclBfloat16, ncclSum, st);
+        });
+      });
+      CK(cudaGraphLaunch(exec, s));
+      sync();
+      if (t == 0) continue;
+      same_updates += updated;
+      res.add("graph recapture, same shape (capture + update in place)", d);
+    }
+    if (lead) res.fact("graph_recapture_same_shape_updates", std::to_string(same_updates));
+    if (exec) CK(cudaGraphExecDestroy(exec));
   }
   save();
 
@@ -666,6 +687,7 @@ int rank_main(options const& opt, int rank, shared_area* sh, std::string const& 
       if (it->shape == shape) return *it;
     return reccl::retirement_record{};
   };
+  std::vector<double> reb_bytes_n, reb_bytes_w;  // memory of each rebuild: no one-time process costs left in it
   for (int t = 0; t <= T; ++t) {
     bool const rec = t > 0;
     auto& g = pool.switch_to(A);
@@ -688,6 +710,8 @@ int rank_main(options const& opt, int rank, shared_area* sh, std::string const& 
       if (lead && r->state != reccl::retirement_state::released)
         res.fact("retirement_problem_" + r->shape, jstr(std::string(reccl::name(r->state)) + ": " + r->message));
     if (!rec) continue;
+    reb_bytes_n.push_back(static_cast<double>(pool.report()[static_cast<std::size_t>(B)].bytes));
+    reb_bytes_w.push_back(static_cast<double>(pool.report()[static_cast<std::size_t>(A)].bytes));
     res.add("retire " + narrow + " (caller-visible)", d_ret_n);
     res.add("retire " + wide + " (caller-visible)", d_ret_w);
     res.add("reccl all-reduce on " + wide + " while " + narrow + " is torn down", d_during);
@@ -695,6 +719,16 @@ int rank_main(options const& opt, int rank, shared_area* sh, std::string const& 
     res.add("background teardown of " + wide + " (finalize + destroy)", bg_w);
     res.add("rebuild " + narrow, d_reb_n);
     res.add("rebuild " + wide, d_reb_w);
+  }
+  if (lead) {
+    auto mib = [](std::vector<double> const& v) {
+      std::string o = "{\"median_mib\": " + jnum(median(v) / (1 << 20)) + ", \"min_mib\": " +
+                      jnum(*std::min_element(v.begin(), v.end()) / (1 << 20)) + ", \"max_mib\": " +
+                      jnum(*std::max_element(v.begin(), v.end()) / (1 << 20)) + "}";
+      return o;
+    };
+    res.fact("pool_rebuild_memory", "{" + jstr(narrow) + ": " + mib(reb_bytes_n) + ", " + jstr(wide) + ": " +
+                                        mib(reb_bytes_w) + "}");
   }
   save();
 
