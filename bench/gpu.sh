@@ -104,6 +104,10 @@ if has bench-ar; then
   bench ar_graph reccl_all_reduce_perf -d bfloat16 -b 1K -e 16M -f 4 -G 10 -n 100 -w 20 --floor 1
   bench ar_eager reccl_all_reduce_perf -d bfloat16 -b 4M -e 1G -f 4 -n 20 -w 5
   bench ar_reg reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 -R 1 --nccl 0
+  # NCCL's own channel count at 1 GiB (its INIT log), to compare with reccl's CTAs
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 120 "$P/reccl_all_reduce_perf" -d bfloat16 -b 1G -e 1G -n 2 -w 1 \
+    --reccl 0 >"$OUT/nccl_channels.txt" 2>&1
+  log "NCCL channels: $(grep -cE 'Channel [0-9]+/[0-9]+ :' "$OUT/nccl_channels.txt") ring-channel lines; $(grep -oE '[0-9]+ coll channels[^.]*' "$OUT/nccl_channels.txt" | head -1)"
 fi
 if [[ " $STAGES " == *" sweep "* ]]; then  # tuning sweep (not part of "all")
   bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \

@@ -227,11 +227,9 @@ constexpr redop all_ops[] = {redop::sum, redop::prod, redop::min, redop::max, re
 constexpr collective all_colls[] = {collective::all_reduce, collective::reduce_scatter, collective::all_gather,
                                     collective::broadcast, collective::all_to_all};
 
-bool lamport_type(dtype t) { return t == dtype::float32 || t == dtype::float16 || t == dtype::bfloat16; }
-
 std::vector<algorithm> algos_for(collective c, dtype t, bool registered) {
-  std::vector<algorithm> a{algorithm::automatic, algorithm::pipelined};
-  if (reccl::reduces(c) && lamport_type(t)) a.push_back(algorithm::one_shot);
+  // one_shot: Lamport packets for float reductions, LL packets for the rest
+  std::vector<algorithm> a{algorithm::automatic, algorithm::pipelined, algorithm::one_shot};
   if (registered) {
     if (c == collective::all_reduce) a.push_back(algorithm::two_shot);
     a.push_back(algorithm::direct);
@@ -267,7 +265,9 @@ TEST_CASE("every collective, dtype, op, size, algorithm and placement matches th
                 s.in_place = ip;
                 s.registered = reg;
                 s.root = (count % 2 == 1 && w.n > 1) ? 1 : 0;
-                if (a == algorithm::one_shot && count * reccl::size_of(t) * in_segments(c, w.n) > (1u << 20)) continue;
+                if (a == algorithm::one_shot &&
+                    count * reccl::size_of(t) * std::max(in_segments(c, w.n), out_segments(c, w.n)) > (1u << 20))
+                  continue;
                 std::string const why = run_case(w, s);
                 ++cases;
                 if (!why.empty()) {

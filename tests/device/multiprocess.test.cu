@@ -55,7 +55,7 @@ int rank_main(int rank, int n, ncclUniqueId id) {
                               algorithm::direct})
             for (int graph = 0; graph < 2; ++graph) {
               bool const reg = a == algorithm::two_shot || a == algorithm::direct;
-              if (a == algorithm::one_shot && (!reccl::reduces(c) || t == dtype::int64 || count > 100000)) continue;
+              if (a == algorithm::one_shot && count > 100000) continue;
               if (a == algorithm::two_shot && c != collective::all_reduce) continue;
               std::uint64_t const ie = count * in_segments(c, n), oe = count * out_segments(c, n);
               std::size_t const es = reccl::size_of(t);

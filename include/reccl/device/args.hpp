@@ -27,7 +27,8 @@ namespace reccl::device {
 /// its buffers are registered (see host/tuning.hpp for the automatic choice).
 enum class algorithm : std::uint8_t {
   automatic = 0,
-  one_shot,   ///< Lamport push into the peers' one-shot slots, no barrier (fp32/fp16/bf16 AR and RS)
+  one_shot,   ///< push into the peers' one-shot slots, no barrier: Lamport packets (fp32/fp16/bf16
+              ///< reductions) or LL packets (integers, fp64, the copying collectives); small messages
   pipelined,  ///< push through per-warp rings with ready/credit flags (every collective, plain buffers)
   two_shot,   ///< registered all-reduce: pull my part from every rank, reduce, store to every rank
   direct,     ///< registered, one phase: pull (AR out-of-place, RS) or push (AG, broadcast, all-to-all)
@@ -55,7 +56,7 @@ struct coll_args {
   std::int32_t ctas_per_vt = 1;
   std::int32_t chunk_packs = 0;  ///< pipelined: packs per ring chunk
   std::uint32_t desc = 0;        ///< hash of what every rank must agree on
-  std::uint64_t count = 0;       ///< elements per segment
+  std::uint64_t count = 0;       ///< elements per segment (bytes for the copying collectives)
   std::uint64_t seg_bytes = 0;   ///< count * sizeof(element)
   std::uint64_t timeout_ns = 0;
   void const* in = nullptr;

@@ -25,13 +25,17 @@ inline kernel_fn select_kernel(algorithm algo, collective c, dtype t) {
   bool const raw = !reduces(c);
   switch (algo) {
     case algorithm::one_shot:
-      if (raw) return nullptr;
+      // Lamport packets for float reductions, LL packets (data + flag) for everything else
+      if (raw) return &ll_kernel<raw_byte>;
       switch (t) {
         case dtype::float32: return &one_shot_kernel<float>;
         case dtype::float16: return &one_shot_kernel<__half>;
         case dtype::bfloat16: return &one_shot_kernel<__nv_bfloat16>;
-        default: return nullptr;
+        case dtype::float64: return &ll_kernel<double>;
+        case dtype::int32: return &ll_kernel<std::int32_t>;
+        case dtype::int64: return &ll_kernel<std::int64_t>;
       }
+      return nullptr;
     case algorithm::pipelined:
       if (raw) return &pipelined_kernel<raw_byte>;
       switch (t) {

@@ -51,10 +51,14 @@ namespace reccl {
 /// all ranks (checked by the hello handshake).
 struct nvlink_config {
   std::int32_t lanes = 2;                  ///< independent flag/slot sets (concurrent streams)
-  std::int32_t max_ctas = 64;              ///< largest grid of any collective
+  std::int32_t max_ctas = 128;             ///< largest grid of any collective (<= SMs: CTAs pair by index)
   std::int32_t one_shot_slot_bytes = 32 << 10;
-  std::int32_t ring_chunk_bytes = 16 << 10;
+  std::int32_t ring_chunk_bytes = 32 << 10;
   std::int32_t ring_depth = 4;
+  // Scratch memory per lane = 2 * ranks * max_ctas * (16 + one_shot_slot_bytes)
+  //                         + ranks * max_ctas * 8 * ring_depth * (16 + ring_chunk_bytes) + flags;
+  // with the defaults and 2 ranks about 264 MiB per lane. Smaller values cap the largest grids and
+  // chunks that the tuning table may pick (choose() clamps to them).
   std::uint64_t timeout_ns = 10'000'000'000ull;  ///< every device-side wait gives up after this
   bool pdl = true;                          ///< programmatic dependent launch
   tuning tune{};
@@ -514,8 +518,7 @@ class nvlink_communicator {
     std::uint64_t const seg = static_cast<std::uint64_t>(count) * size_of(t);
     bool const registered = zero_copy_ready(c, in, out, seg, sh);
     bool const in_place = is_in_place(c, in, out, seg);
-    bool const lamport_type = t == dtype::float32 || t == dtype::float16 || t == dtype::bfloat16;
-    bool const one_shot_ok = reduces(c) && lamport_type;
+    bool const lamport = reduces(c) && (t == dtype::float32 || t == dtype::float16 || t == dtype::bfloat16);
     int const V = t == dtype::float16 || t == dtype::bfloat16 ? 8 : t == dtype::float64 || t == dtype::int64 ? 2 : 4;
     int const Vb = reduces(c) ? V : 16;  // copying collectives move raw bytes
     std::uint64_t const units = reduces(c) ? count : seg;  // what the kernel's split counts
@@ -523,21 +526,16 @@ class nvlink_communicator {
     plan p;
     p.algo = o.algo;
     if (p.algo == algorithm::automatic) {
-      if (registered && c == collective::all_reduce && (sh.bytes >= tu.zero_copy_min_bytes || !one_shot_ok))
-        p.algo = algorithm::two_shot;
-      else if (registered && c != collective::all_reduce && (sh.bytes >= tu.zero_copy_min_bytes || !one_shot_ok))
-        p.algo = algorithm::direct;
-      else if (one_shot_ok && sh.bytes <= tu.one_shot_max_bytes)
+      if (sh.bytes <= (lamport ? tu.one_shot_max_bytes : tu.ll_max_bytes))
         p.algo = algorithm::one_shot;
+      else if (registered)
+        p.algo = c == collective::all_reduce ? algorithm::two_shot : algorithm::direct;
       else
         p.algo = algorithm::pipelined;
     }
     // validity of the (possibly explicit) algorithm
     switch (p.algo) {
-      case algorithm::one_shot:
-        if (!one_shot_ok)
-          throw error(status::invalid_argument, "one_shot needs all_reduce/reduce_scatter on float32, float16 or bfloat16");
-        break;
+      case algorithm::one_shot: break;
       case algorithm::two_shot:
         if (c != collective::all_reduce) throw error(status::invalid_argument, "two_shot is an all_reduce algorithm");
         [[fallthrough]];
@@ -597,16 +595,19 @@ class nvlink_communicator {
     p.grid = p.n_vts * p.ctas_per_vt;
     if (p.grid > cfg.max_ctas) throw error(status::invalid_argument, "VTs x CTAs per VT above max_ctas");
     if (p.algo == algorithm::one_shot) {
-      std::uint64_t const cap = static_cast<std::uint64_t>(cfg.one_shot_slot_bytes) / 16;
+      // a slot holds one Lamport packet or half an LL packet pair per 16 bytes of payload
+      std::uint64_t const cap = static_cast<std::uint64_t>(cfg.one_shot_slot_bytes) / (lamport ? 16 : 32);
       if (max_cta_packs(sp, p.ctas_per_vt, p.grid, Vb) > cap) {
         if (o.algo == algorithm::one_shot)
           throw error(status::invalid_argument, "message too large for the one-shot slots with this CTA count");
-        p.algo = algorithm::pipelined;  // automatic choice: fall back
-        tune_row const& r = row_for(tu.pipelined, sh.bytes);
+        // automatic choice: fall back to the next path, as the table would for a larger message
+        p.algo = registered ? (c == collective::all_reduce ? algorithm::two_shot : algorithm::direct) : algorithm::pipelined;
+        tune_row const& r = row_for(registered ? tu.zero_copy : tu.pipelined, sh.bytes);
         chunk = o.chunk_bytes != 0 ? o.chunk_bytes : r.chunk_bytes;
       }
     }
     if (p.algo == algorithm::pipelined) {
+      if (o.chunk_bytes == 0 && chunk > cfg.ring_chunk_bytes) chunk = cfg.ring_chunk_bytes;  // table vs smaller rings
       if (chunk <= 0 || chunk % 16 != 0 || chunk > cfg.ring_chunk_bytes)
         throw error(status::invalid_argument, "chunk_bytes must be a positive multiple of 16 up to ring_chunk_bytes");
       p.chunk_packs = chunk / 16;

@@ -29,18 +29,22 @@ inline constexpr std::uint64_t any_size = std::numeric_limits<std::uint64_t>::ma
 /// The tuning table (no padding bytes: it is hashed as raw bytes). "bytes" is the message size as nccl-tests reports it: all-reduce and broadcast
 /// count*size, reduce-scatter the input (nranks*count*size), all-gather and all-to-all the output.
 struct tuning {
-  /// Lamport one-shot (fp32/fp16/bf16 all-reduce and reduce-scatter) up to this many bytes.
+  /// One-shot with Lamport packets (fp32/fp16/bf16 all-reduce, reduce-scatter) up to this size;
+  /// below it the one-shot beats every other path on any buffer (bench/results/2026-11-30-*).
   std::uint64_t one_shot_max_bytes = 1u << 20;
-  /// Registered buffers take the zero-copy path from this size (below it, one-shot when eligible).
-  std::uint64_t zero_copy_min_bytes = 256u << 10;
+  /// One-shot with LL packets (integers, fp64, all-gather, broadcast, all-to-all) up to this size.
+  std::uint64_t ll_max_bytes = 1u << 20;
   /// One-shot CTA count = ceil(bytes / one_shot_bytes_per_cta), at most the configured max.
   std::int32_t one_shot_bytes_per_cta = 8 << 10;
   /// VTs per collective: min(vts, CTAs), CTAs rounded down to a multiple of it.
   std::int32_t vts = 8;
-  tune_row pipelined[tune_rows] = {{64u << 10, 4, 4 << 10},   {256u << 10, 8, 8 << 10},
-                                   {1u << 20, 16, 8 << 10},   {4u << 20, 32, 16 << 10},
-                                   {any_size, 64, 16 << 10}};
-  tune_row zero_copy[tune_rows] = {{256u << 10, 8, 0}, {1u << 20, 16, 0}, {4u << 20, 32, 0}, {any_size, 64, 0}};
+  /// Plain buffers above the one-shot sizes (measured: more CTAs win at every size, 32 KiB chunks
+  /// from 64 MiB).
+  tune_row pipelined[tune_rows] = {{64u << 10, 4, 4 << 10},    {256u << 10, 16, 8 << 10},
+                                   {1u << 20, 64, 8 << 10},    {16u << 20, 128, 8 << 10},
+                                   {any_size, 128, 32 << 10}};
+  /// Registered buffers above the one-shot sizes (two-shot all-reduce, direct others).
+  tune_row zero_copy[tune_rows] = {{1u << 20, 64, 0}, {4u << 20, 96, 0}, {any_size, 128, 0}};
 };
 
 /// Row of `rows` that covers `bytes` (the last non-empty row if none does).

@@ -168,3 +168,132 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
 }
 
 }  // namespace reccl::device
+
+namespace reccl::device {
+
+/// LL packets: {data.w0, flag, data.w1, flag}. The flag word is a constant that is never the
+/// sentinel; a slot holds either sentinels (poisoned) or the packets of the current call, because
+/// every reader re-poisons what it read. Both flag words must be present: only 8-byte halves of a
+/// 16-byte store are guaranteed to arrive whole.
+inline constexpr std::uint32_t ll_flag = 0x1ee11ee1u;
+
+RECCL_DEVICE bool ll_arrived(pack16 const& p) { return p.w[1] == ll_flag && p.w[3] == ll_flag; }
+
+/// Poll the two LL packets that carry one 16-byte data pack.
+RECCL_DEVICE bool ll_poll(char const* p, pack16& data, deadline_clock& deadline, int const* abort_flag, std::uint32_t* st) {
+  pack16 a = load_pack_relaxed_sys(p), b = load_pack_relaxed_sys(p + 16);
+  for (std::uint32_t s = 1; !(ll_arrived(a) && ll_arrived(b)); ++s) {
+    if (!ll_arrived(a)) a = load_pack_relaxed_sys(p);
+    if (!ll_arrived(b)) b = load_pack_relaxed_sys(p + 16);
+    if (s % deadline_check_period == 0) {
+      if (*static_cast<volatile int const*>(abort_flag) || read_status(st) != 0) return false;
+      if (deadline.expired()) {
+        raise_status(st, status::timeout);
+        return false;
+      }
+    }
+  }
+  data = pack16{{a.w[0], a.w[2], b.w[0], b.w[2]}};
+  store_pack(const_cast<char*>(p), lamport_poison());
+  store_pack(const_cast<char*>(p) + 16, lamport_poison());
+  return true;
+}
+RECCL_DEVICE void ll_send(char* p, pack16 const& x) {
+  store_pack_relaxed_sys(p, pack16{{x.w[0], ll_flag, x.w[1], ll_flag}});
+  store_pack_relaxed_sys(p + 16, pack16{{x.w[2], ll_flag, x.w[3], ll_flag}});
+}
+
+/// One-shot push for payloads that cannot carry a sentinel (integers, fp64, raw bytes of the
+/// copying collectives): the same slots and protocol as one_shot_kernel, but each 16-byte pack
+/// travels as two LL packets (8 bytes of data each), so a slot holds half as much.
+template <class T>
+__global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
+  constexpr int V = pack_elems<T>;
+  constexpr int U = one_shot_unroll / 2;
+  pdl_wait();
+  pdl_trigger();
+  lsa_view const& v = a.view;
+  std::uint32_t* const st = v.status();
+  int const cta = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+  int const me = v.rank, n = v.nranks;
+  pattern const P = make_pattern(a.coll, me, n, a.root);
+  elem_range const r = cta_range(a.sp, a.ctas_per_vt, cta, V);
+  pack_span const ps = packs_of(r, V);
+  int const np = static_cast<int>(ps.size());
+  char const* const in = static_cast<char const*>(a.in);
+  char* const out = static_cast<char*>(a.out);
+  __shared__ int abort_flag;
+  if (tid == 0) abort_flag = read_status(st) != 0;
+  std::uint64_t const seq = *v.one_shot_seq(cta);
+  __syncthreads();
+  if (abort_flag) return;
+  deadline_clock deadline(a.timeout_ns);
+  int const phase = static_cast<int>(seq & 1u);
+
+  // 1. push
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    int const k = tid + u * cta_threads;
+    if (k >= np) continue;
+    for (int p = 0; p < n; ++p) {
+      if (!P.sends_to(p)) continue;
+      pack16 const x = load_user<T>(in + P.send_segment(p) * a.seg_bytes, ps.first + k, r, a.vec_ok);
+      ll_send(v.one_shot_slot(p, phase, me, cta) + 16 + k * 32, x);
+    }
+  }
+  pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
+  if (tid < n && P.sends_to(tid)) store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
+  if (tid < n && P.recvs_from(tid)) {
+    char* const hp = v.one_shot_slot(me, phase, tid, cta);
+    pack16 g;
+    if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
+      if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
+        raise_status(st, status::mismatch);
+        abort_flag = 1;
+      }
+      store_pack(hp, lamport_poison());
+    } else {
+      abort_flag = 1;
+    }
+  }
+
+  // 2. receive
+  bool ok = true;
+#pragma unroll 1
+  for (int u = 0; u < U && ok; ++u) {
+    int const k = tid + u * cta_threads;
+    if (k >= np) break;
+    std::uint64_t const j = ps.first + k;
+    if (P.reduces) {
+      if constexpr (!std::is_same_v<T, raw_byte>) {
+        char const* const own = in + P.own_in_segment() * a.seg_bytes;
+        acc_pack<T> acc;
+        for (int q = 0; q < n && ok; ++q) {
+          pack16 x;
+          if (q == me) x = load_user<T>(own, j, r, a.vec_ok);
+          else ok = ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+          if (q == 0) acc = to_acc<T>(x);
+          else combine_into<T>(a.op, acc, x);
+        }
+        if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, j, r, a.vec_ok, from_acc<T>(a.op, acc, n));
+      }
+    } else {
+      for (int q = 0; q < n && ok; ++q) {
+        pack16 x;
+        if (P.recvs_from(q)) {
+          ok = ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+        } else if (q == me && P.copies_own() && !a.in_place) {
+          x = load_user<T>(in + P.send_segment(me) * a.seg_bytes, j, r, a.vec_ok);
+        } else {
+          continue;
+        }
+        if (ok && !*static_cast<volatile int*>(&abort_flag))
+          store_user<T>(out + P.recv_segment(q) * a.seg_bytes, j, r, a.vec_ok, x);
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
+}
+
+}  // namespace reccl::device
