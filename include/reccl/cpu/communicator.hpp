@@ -57,6 +57,7 @@ struct config {
   std::uint64_t probe_bytes = 4096;           ///< size of the block a probe moves (per probed VT)
   std::uint64_t probe_grace_ns = 2'000'000;   ///< a probe may run this long past the start of the collective
   bool count_data_waits = true;               ///< count waits for data as stalls too (see engine.hpp)
+  bool virtual_time = false;                  ///< rate caps on a virtual clock: deterministic stalls (see fabric_config)
   bool poison_internal = false;               ///< fill internal work/scratch with 0xA5 before each collective
   control_config control{};                   ///< probe interval K, rejoin share
   /// Cost model the control step evaluates: by default a stall is one poll quantum of waiting and a
@@ -85,6 +86,7 @@ struct collective_result {
   std::uint64_t elapsed_ns = 0;     ///< this rank's wall time in the collective
   std::uint64_t data_ns = 0;        ///< ... of which the data phase (before any recovery)
   std::uint64_t vt_ns[max_vts] = {};  ///< per VT: this rank's time to finish its block
+  std::uint64_t vt_virtual_ns[max_vts] = {};  ///< per VT, virtual_time communicators: the same on the virtual clock
 };
 
 namespace detail {
@@ -201,8 +203,9 @@ class communicator {
       if (f.vt < 0 || f.vt >= cfg_.n_vts || f.src_rank >= cfg_.nranks)
         bad("fault plan names VT " + std::to_string(f.vt) + " / rank " + std::to_string(f.src_rank) + " outside the communicator");
     if (cfg_.model.alpha == 0) cfg_.model.alpha = cfg_.poll_quantum_ns << telemetry::cost_model_q::frac_bits;
-    fab_ = std::make_unique<fabric>(fabric_config{cfg_.nranks, cfg_.n_vts, cfg_.slots, cfg_.slot_bytes, cfg_.poll_quantum_ns},
-                                    cfg_.faults);
+    fab_ = std::make_unique<fabric>(
+        fabric_config{cfg_.nranks, cfg_.n_vts, cfg_.slots, cfg_.slot_bytes, cfg_.poll_quantum_ns, cfg_.virtual_time},
+        cfg_.faults);
     arrivals_ = std::make_unique<detail::arrival_slot[]>(static_cast<std::size_t>(cfg_.n_vts) * cfg_.nranks);
     records_ = std::make_unique<detail::record_slot[]>(2 * static_cast<std::size_t>(cfg_.nranks));
     ranks_.resize(static_cast<std::size_t>(cfg_.nranks));

@@ -234,7 +234,10 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     ex.run(blk, r.blk);
     r.elapsed_ns = now_ns() - t0;
     if (!probe) {
-      r.tel.add_stalls(vt, r.blk.stalls + (cfg.count_data_waits ? r.blk.recv_waits : 0));
+      // On the virtual clock a worker costs nothing but waiting, so "every wait" is its duration.
+      std::uint64_t const all_waits =
+          cfg.virtual_time ? r.blk.virtual_ns / cfg.poll_quantum_ns : r.blk.stalls + r.blk.recv_waits;
+      r.tel.add_stalls(vt, cfg.count_data_waits ? all_waits : r.blk.stalls);
       r.tel.add_bytes(vt, r.blk.bytes);
     }
   };
@@ -300,6 +303,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     }
     tel.merge(r.tel);
     res.vt_ns[vt] = r.elapsed_ns;
+    res.vt_virtual_ns[vt] = r.blk.virtual_ns;
     if (r.blk.st != status::ok) {
       fault_mask |= 1u << vt;
       res.faults.push_back({e, vt, rank, r.blk.peer, r.blk.step, r.blk.on_credit, false});

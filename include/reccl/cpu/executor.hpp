@@ -21,6 +21,13 @@
 // Stall counts: a stall is one poll quantum (fabric_config::poll_quantum_ns) of waiting. The
 // counts are the waited time divided by the quantum, so they are proportional to waiting time and
 // do not depend on how often the worker happened to poll.
+//
+// Virtual time (fabric_config::virtual_time): the waits are measured on a virtual clock instead.
+// A slot is handed over at max(its stream's previous slot, the time its credit came back), the
+// capped wire delivers it bytes/rate later (serialized per link), the receiver applies it at
+// max(its previous apply, delivery) and returns credit then; a step starts when the previous one
+// ended. Every time is a max-plus function of its causal predecessors, so stalls do not depend on
+// how threads happened to be scheduled: they are deterministic.
 #pragma once
 
 #include <atomic>
@@ -60,6 +67,7 @@ struct block_outcome {
   std::uint64_t stalls = 0;      ///< whole poll quanta during which a send waited for credit
   std::uint64_t recv_waits = 0;  ///< whole poll quanta spent waiting for data only
   std::uint64_t stall_ns = 0, recv_wait_ns = 0;  ///< the same waits in nanoseconds
+  std::uint64_t virtual_ns = 0;  ///< virtual_time fabrics: the block's duration on the virtual clock
   std::uint64_t bytes = 0;       ///< bytes this rank sent on the VT
 };
 
@@ -73,7 +81,7 @@ class block_executor {
   block_executor(S const& s, handle h, int vt, redop op, rank_buffers<T> const& b, std::uint64_t timeout_ns,
                  std::atomic<bool> const* abort = nullptr)
       : s_(s), h_(h), vt_(vt), op_(op), b_(b), timeout_ns_(timeout_ns), abort_(abort),
-        slot_elems_(h.slot_bytes() / sizeof(T)), quantum_(h.poll_quantum_ns()) {}
+        slot_elems_(h.slot_bytes() / sizeof(T)), quantum_(h.poll_quantum_ns()), virtual_(h.fab->config().virtual_time) {}
 
   /// Runs every step of the plan for block `blk`, adding to `out` (counters accumulate across
   /// calls). Stops at the first timeout or broken invariant.
@@ -94,6 +102,7 @@ class block_executor {
     std::size_t piece = 0;               ///< current piece (index into pieces_)
     std::uint64_t piece_off = 0;         ///< elements done in the current piece
     int after = -1;                      ///< sends: the previous send to the same peer
+    std::uint64_t v = 0;                 ///< sends, virtual time: when its last slot was handed over
     bool done() const { return pos == len; }
   };
 
@@ -167,6 +176,8 @@ class block_executor {
       streams_.push_back(st);
     }
 
+    for (stream& st : streams_) st.v = vclock_;
+    apply_v_ = vclock_;
     std::size_t head = 0;  // first receive / local op not yet complete (list order)
     auto next_apply = [&] {
       while (head < streams_.size() && streams_[head].o.act == schedule::action::send) ++head;
@@ -199,7 +210,7 @@ class block_executor {
           while (!st.done()) {
             std::byte const* slot = peek_slot(h_, vt_, st.o.peer);
             if (slot == nullptr) break;
-            receive_one(st, slot);
+            receive_one(st, slot, out);
             release_slot(h_, vt_, st.o.peer);
             progressed = true;
           }
@@ -210,7 +221,14 @@ class block_executor {
         progressed = true;
       }
       bool const applied = head >= streams_.size();
-      if (applied && (all_sent || all_sends_done())) return;
+      if (applied && (all_sent || all_sends_done())) {
+        // virtual clock: the step ends when its last slot is handed over or applied
+        vclock_ = apply_v_;
+        for (stream const& st : streams_)
+          if (st.o.act == schedule::action::send && st.v > vclock_) vclock_ = st.v;
+        out.virtual_ns = vclock_;
+        return;
+      }
       if (progressed) {
         last_progress = now_ns();
         continue;
@@ -244,6 +262,7 @@ class block_executor {
   /// Adds a wait of `ns` to the stall time (a send was blocked on credit) or the data-wait time,
   /// and refreshes the counts in whole poll quanta.
   void count_wait(block_outcome& out, bool credit_blocked, std::uint64_t ns) const {
+    if (virtual_) return;  // waits are measured on the virtual clock instead
     (credit_blocked ? out.stall_ns : out.recv_wait_ns) += ns;
     out.stalls = out.stall_ns / quantum_;
     out.recv_waits = out.recv_wait_ns / quantum_;
@@ -273,6 +292,17 @@ class block_executor {
   void send_one(stream& st, block_outcome& out) {
     std::uint64_t n = st.len - st.pos < slot_elems_ ? st.len - st.pos : slot_elems_;
     std::size_t const base = next_slot_offset(h_, vt_, st.o.peer);
+    if (virtual_) {
+      // handed over once the stream's previous slot is and the slot's credit came back
+      std::uint64_t const k = h_.tx_seq(vt_, st.o.peer), slots = static_cast<std::uint64_t>(h_.slots());
+      std::uint64_t const credit = k >= slots ? h_.credit_time(vt_, st.o.peer, k - slots) : 0;
+      if (credit > st.v) {
+        out.stall_ns += credit - st.v;
+        st.v = credit;
+      }
+      h_.virtual_send(vt_, st.o.peer, st.v, n * sizeof(T));
+      out.stalls = out.stall_ns / quantum_;
+    }
     T const* src = buf(st.o.buf);
     std::uint64_t filled = 0;
     while (filled < n) {
@@ -292,8 +322,17 @@ class block_executor {
   }
 
   /// Copies or folds the stream's next slot into its chunk.
-  void receive_one(stream& st, std::byte const* slot) {
+  void receive_one(stream& st, std::byte const* slot, block_outcome& out) {
     std::uint64_t n = st.len - st.pos < slot_elems_ ? st.len - st.pos : slot_elems_;
+    if (virtual_) {
+      std::uint64_t const t = h_.slot_time(vt_, st.o.peer);
+      if (t > apply_v_) {
+        out.recv_wait_ns += t - apply_v_;
+        out.recv_waits = out.recv_wait_ns / quantum_;
+        apply_v_ = t;
+      }
+      h_.set_release_time(vt_, st.o.peer, apply_v_);
+    }
     T* dst = buf(st.o.buf);
     bool const fold = st.o.act == schedule::action::recv_reduce;
     std::uint64_t used = 0;
@@ -355,6 +394,9 @@ class block_executor {
   std::atomic<bool> const* abort_;
   std::uint64_t slot_elems_;
   std::uint64_t quantum_;
+  bool virtual_;
+  std::uint64_t vclock_ = 0;   ///< virtual time at which the current step started
+  std::uint64_t apply_v_ = 0;  ///< virtual time of the last applied receive in this step
   std::vector<schedule::op> ops_;
   std::vector<piece> pieces_;
   std::vector<stream> streams_;

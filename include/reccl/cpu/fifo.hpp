@@ -56,6 +56,14 @@ struct fifo_link {
   // -- written by the receiver, read by the sender
   alignas(64) std::atomic<std::uint64_t> credit{0};
 
+  // -- virtual time (fabric_config::virtual_time): each slot's visibility and each credit's
+  //    release on the collective's virtual clock, published with the ready / credit values
+  std::uint64_t slot_vtime[queue_depth] = {};     ///< written by the sender before `ready`
+  std::uint64_t credit_vtime[queue_depth] = {};   ///< written by the receiver before `credit`
+  std::uint64_t credit_vepoch[queue_depth] = {};  ///< epoch + 1 of that credit (older: time 0)
+  std::uint64_t v_wire_free = 0;                  ///< sender: virtual time the wire is free
+  std::uint64_t v_epoch = ~std::uint64_t{0};      ///< sender: epoch v_wire_free belongs to
+
   /// Receiver side: moves queue entries whose time has come into ready_seen.
   void drain(std::uint64_t now) {
     std::uint64_t head = q_head.load(std::memory_order_relaxed);
@@ -88,6 +96,9 @@ struct fifo_link {
     tx_seq = 0;
     wire_free_ns = last_visible_ns = 0;
     dropping = false;
+    v_wire_free = 0;
+    v_epoch = ~std::uint64_t{0};
+    for (auto& e : credit_vepoch) e = 0;
     credit.store(0, std::memory_order_relaxed);
   }
 };

@@ -38,6 +38,11 @@ struct fabric_config {
   int slots = 4;                           ///< FIFO depth per link (1..queue_depth)
   std::size_t slot_bytes = 16384;          ///< bytes per slot (a multiple of 16)
   std::uint64_t poll_quantum_ns = 50'000;  ///< one spin of a wait: 50 us
+  /// Rate caps act on a virtual clock instead of the wall clock: slots are visible at once, each
+  /// carries the virtual time its wire would deliver it, and the executor derives stalls from those
+  /// times. Stall counts (and so splits) then depend only on the plan, the split and the caps:
+  /// deterministic, whatever the machine's load. Dead links still time out on the wall clock.
+  bool virtual_time = false;
 };
 
 /// The shared memory of a CPU communicator: every link of every VT between every ordered rank
@@ -123,7 +128,7 @@ struct cpu_threads {
       }
       std::memcpy(l.recv_area + offset, src, bytes);
       l.epoch_bytes += bytes;
-      double const rate = fab->faults().rate(vt, rank, epoch);
+      double const rate = fab->config().virtual_time ? 0.0 : fab->faults().rate(vt, rank, epoch);
       if (rate > 0) {
         std::uint64_t const start = std::max(cpu::now_ns(), l.wire_free_ns);
         l.wire_free_ns = start + static_cast<std::uint64_t>(static_cast<double>(bytes) * 1e9 / rate);
@@ -163,6 +168,42 @@ struct cpu_threads {
         if (fab->faults().dead_after(vt, rank, epoch) == 0) return;
         fab->at(vt, peer, rank).credit.store(value, std::memory_order_release);
       }
+    }
+
+    // -- virtual time (fabric_config::virtual_time); the slot protocol of fifo.hpp calls these
+    //    around the slot it sends or consumes.
+
+    /// Sender: the next slot to peer is handed over at virtual time `t_ready` with `bytes`; returns
+    /// and records (for the receiver) when the capped wire delivers it.
+    std::uint64_t virtual_send(int vt, int peer, std::uint64_t t_ready, std::size_t bytes) const {
+      cpu::fifo_link& l = fab->at(vt, rank, peer);
+      if (l.v_epoch != epoch) {  // every collective starts its virtual clock at 0
+        l.v_epoch = epoch;
+        l.v_wire_free = 0;
+      }
+      double const rate = fab->faults().rate(vt, rank, epoch);
+      std::uint64_t const start = std::max(t_ready, l.v_wire_free);
+      l.v_wire_free = start + (rate > 0 ? static_cast<std::uint64_t>(static_cast<double>(bytes) * 1e9 / rate) : 0);
+      l.slot_vtime[l.tx_seq % static_cast<std::uint64_t>(slots())] = l.v_wire_free;
+      return l.v_wire_free;
+    }
+    /// Sender: virtual time at which the receiver released slot `k` to me (0 if in an earlier epoch).
+    std::uint64_t credit_time(int vt, int peer, std::uint64_t k) const {
+      cpu::fifo_link const& l = fab->at(vt, rank, peer);
+      std::size_t const i = static_cast<std::size_t>(k % static_cast<std::uint64_t>(slots()));
+      return l.credit_vepoch[i] == epoch + 1 ? l.credit_vtime[i] : 0;
+    }
+    /// Receiver: virtual time at which the next slot from peer became visible.
+    std::uint64_t slot_time(int vt, int peer) const {
+      cpu::fifo_link const& l = fab->at(vt, peer, rank);
+      return l.slot_vtime[l.rx_seq % static_cast<std::uint64_t>(slots())];
+    }
+    /// Receiver: the next slot from peer is consumed at virtual time t (call before release_slot).
+    void set_release_time(int vt, int peer, std::uint64_t t) const {
+      cpu::fifo_link& l = fab->at(vt, peer, rank);
+      std::size_t const i = static_cast<std::size_t>(l.rx_seq % static_cast<std::uint64_t>(slots()));
+      l.credit_vtime[i] = t;
+      l.credit_vepoch[i] = epoch + 1;
     }
 
     /// One poll: whether my flag f from (vt, peer) is >= value now.
