@@ -89,7 +89,7 @@ if has test; then
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (unaligned, split and bad-input cases)"
-  RECCL_TEST_TIMEOUT_S=60 timeout 200 compute-sanitizer --tool memcheck --print-limit 20 "$T_COLL" \
+  RECCL_TEST_TIMEOUT_S=60 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$T_COLL" \
     -tc='*unaligned*,*independent of the VT split*,*rejected on the host*' >"$OUT/sanitize.log" 2>&1
   rc=$?; SUMMARY+=("memcheck: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)")
 fi

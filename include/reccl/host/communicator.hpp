@@ -526,7 +526,9 @@ class nvlink_communicator {
     plan p;
     p.algo = o.algo;
     if (p.algo == algorithm::automatic) {
-      if (sh.bytes <= (lamport ? tu.one_shot_max_bytes : tu.ll_max_bytes))
+      // broadcast stays on the paths validated on GPUs so far (its one-shot pairs headers both ways
+      // so the root cannot run ahead; that variant has not been run on a GPU yet)
+      if (sh.bytes <= (lamport ? tu.one_shot_max_bytes : tu.ll_max_bytes) && c != collective::broadcast)
         p.algo = algorithm::one_shot;
       else if (registered)
         p.algo = c == collective::all_reduce ? algorithm::two_shot : algorithm::direct;

@@ -241,9 +241,13 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
       ll_send(v.one_shot_slot(p, phase, me, cta) + 16 + k * 32, x);
     }
   }
+  // Headers go both ways between every pair, also where no data flows (a broadcast's root
+  // receives none): each rank then waits for every peer in every call, so no rank runs more than
+  // one call ahead and the two slot phases suffice (a root running ahead would overwrite a phase
+  // its peers have not read yet).
   pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
-  if (tid < n && P.sends_to(tid)) store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
-  if (tid < n && P.recvs_from(tid)) {
+  if (tid < n && tid != me) store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
+  if (tid < n && tid != me) {
     char* const hp = v.one_shot_slot(me, phase, tid, cta);
     pack16 g;
     if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
