@@ -237,7 +237,7 @@ class block_executor {
       // move. The waited time is what counts (see count_wait), not the number of polls.
       std::uint64_t const t0 = now_ns();
       for (std::uint64_t sleep = first_poll_ns;; sleep = sleep * 2 < quantum_ ? sleep * 2 : quantum_) {
-        sleep_until_ns(now_ns() + sleep);
+        sleep_until_ns(wake_time(head, now_ns(), sleep));
         std::uint64_t const t = now_ns();
         if (could_progress(head)) {
           count_wait(out, credit_blocked, t - t0);
@@ -272,6 +272,26 @@ class block_executor {
     for (stream const& st : streams_)
       if (st.o.act == schedule::action::send && !st.done()) return false;
     return true;
+  }
+
+  /// When to poll next: at the earliest time the wire can deliver what the step waits for, if
+  /// the fabric knows it for everything waited on; else after `backoff`. Never later than 10 poll
+  /// quanta from now (aborts and deadlines are checked at each wake-up).
+  std::uint64_t wake_time(std::size_t head, std::uint64_t now, std::uint64_t backoff) const {
+    std::uint64_t eta = now + 10 * quantum_;
+    bool unknown = false;
+    auto consider = [&](std::uint64_t t) {
+      if (t <= now) unknown = true;
+      else if (t < eta) eta = t;
+    };
+    if (head < streams_.size()) consider(h_.ready_eta(vt_, streams_[head].o.peer));
+    std::uint64_t const slots = static_cast<std::uint64_t>(h_.slots());
+    for (stream const& st : streams_)
+      if (st.o.act == schedule::action::send && !st.done() && (st.after < 0 || streams_[st.after].done())) {
+        std::uint64_t const k = h_.tx_seq(vt_, st.o.peer);
+        if (k >= slots) consider(h_.credit_eta(vt_, st.o.peer, k - slots));
+      }
+    return unknown && now + backoff < eta ? now + backoff : eta;
   }
 
   /// One poll of everything the step waits for.

@@ -49,6 +49,7 @@ struct fifo_link {
   std::uint64_t tx_seq = 0;             ///< slots published (FIFO protocol)
   std::uint64_t wire_free_ns = 0;       ///< when the (capped) wire finishes what was put so far
   std::uint64_t last_visible_ns = 0;    ///< visibility time of the latest put
+  std::uint64_t slot_visible_ns[queue_depth] = {};  ///< per slot (seq % slots): when the receiver can see it
   std::uint64_t bytes_epoch = ~std::uint64_t{0};  ///< epoch that epoch_bytes counts
   std::uint64_t epoch_bytes = 0;        ///< bytes put in that epoch
   bool dropping = false;                ///< the link died in this epoch: signals are dropped
@@ -84,6 +85,13 @@ struct fifo_link {
     q[tail % queue_depth] = {value, visible_ns};
     q_tail.store(tail + 1, std::memory_order_release);
     return true;
+  }
+
+  /// Receiver side: when the oldest value still in the queue becomes visible; 0 if none is queued.
+  std::uint64_t head_visible_ns() const {
+    std::uint64_t const head = q_head.load(std::memory_order_relaxed);
+    if (head >= q_tail.load(std::memory_order_acquire)) return 0;
+    return q[head % queue_depth].visible_ns;
   }
 
   /// Back to the freshly built state (both sides quiescent).

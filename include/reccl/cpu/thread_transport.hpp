@@ -136,6 +136,7 @@ struct cpu_threads {
       } else {
         l.last_visible_ns = 0;
       }
+      l.slot_visible_ns[l.tx_seq % static_cast<std::uint64_t>(slots())] = l.last_visible_ns;
     }
 
     /// Copies from peer's exposed area for (vt, me). Not rate-capped (the engine pushes); on a dead
@@ -204,6 +205,18 @@ struct cpu_threads {
       std::size_t const i = static_cast<std::size_t>(l.rx_seq % static_cast<std::uint64_t>(slots()));
       l.credit_vtime[i] = t;
       l.credit_vepoch[i] = epoch + 1;
+    }
+
+    // -- wake-up hints: when a wait can end at the earliest, if the fabric knows (0: unknown).
+    //    A rate-capped wire knows when each slot arrives; the executor sleeps until then instead
+    //    of polling, which keeps its many waiting threads off the CPU.
+
+    /// Receiver: when the next queued ready value from peer becomes visible (0: none queued yet).
+    std::uint64_t ready_eta(int vt, int peer) const { return fab->at(vt, peer, rank).head_visible_ns(); }
+    /// Sender: when slot `k` to peer becomes visible to the receiver, i.e. the earliest its credit
+    /// can come back (0: unknown or already visible).
+    std::uint64_t credit_eta(int vt, int peer, std::uint64_t k) const {
+      return fab->at(vt, rank, peer).slot_visible_ns[k % static_cast<std::uint64_t>(slots())];
     }
 
     /// One poll: whether my flag f from (vt, peer) is >= value now.
