@@ -250,6 +250,8 @@ inline void congestion(run_set const& rs, stats& st, table& t) {
     st["recover|" + n] = rec < last ? rec - off : -1;
     st["cov|" + n] = cov;
     st["dshare|" + n] = dsh;
+    st["onset_over_before|" + n] = st["onset|" + n] / before;
+    st["adapted_over_onset|" + n] = adapted / st["onset|" + n];
     t.rows.push_back({n, gbps(before), gbps(st["onset|" + n]), gbps(adapted), std::to_string(reach - on), gbps(st["after|" + n]),
                       rec < last ? std::to_string(rec - off) : "not within the run", fmt::format("{:.3f}", cov),
                       fmt::format("{:.4f}", dsh)});
@@ -334,6 +336,7 @@ inline std::string format_stat(double x, std::string const& f) {
   if (f == "GBps") return fmt::format("{:.1f} GB/s", x / 1e9);
   if (f == "int") return fmt::format("{:.0f}", x);
   if (f == "s") return fmt::format("{:.2f} s", x);
+  if (f == "abort") return fmt::format("aborts (collective {:.0f})", x);
   return fmt::format("{:.3g}", x);
 }
 
