@@ -14,8 +14,11 @@
 //        ▼
 //   per-VT completion time (the collective's is the slowest VT's), bytes, per-link bytes
 //
-// Granularity: one max-min solve per change of the set of flows -- a VT finishing a phase -- not
-// per step or packet, so a 2(N−1)-step ring costs one solve per VT. Flows of one VT phase are
+// Granularity: never per step or packet. Event-driven (default): one max-min solve per change of
+// the set of flows -- a VT finishing a phase -- so a 2(N−1)-step ring costs one solve per VT and a
+// finished VT's bandwidth goes to the others at once. Per phase (engine_options::per_phase): one
+// solve per schedule phase with every VT in it, each VT's phase lasting L + 1/p at those rates --
+// fewer solves for schedules with many phases (a pipelined tree) at large scale. Flows of one VT phase are
 // coupled: a flow that is faster than its VT's bottleneck only moves B_f × p_v bytes per second,
 // so after a solve it is capped at that demand and the solve is repeated (coupling_rounds times)
 // to hand the bandwidth it cannot use to other flows. A flow on a lossy path delivers
