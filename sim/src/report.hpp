@@ -395,7 +395,7 @@ inline stats write(run_set const& rs, std::string const& out_dir) {
   if (f.raw.contains("description")) md += joined(f.raw.at("description")) + "\n";
   if (f.raw.contains("published")) {
     table p;
-    p.head = {"quantity", "published", "source", "simulated", "simulated / published"};
+    p.head = {"quantity", "published / measured", "source", "simulated", "simulated / published"};
     for (auto const& e : f.raw.at("published")) {
       std::string const key = e.at("stat").get<std::string>();
       auto it = st.find(key);
@@ -413,7 +413,7 @@ inline stats write(run_set const& rs, std::string const& out_dir) {
       p.rows.push_back({e.at("metric").get<std::string>(), e.at("published").get<std::string>(), e.value("source", std::string()),
                         format_stat(it->second, fm), diff});
     }
-    md += "## Published and simulated, side by side\n\n" + markdown(p) + "\n";
+    md += "## Published (or measured) and simulated, side by side\n\n" + markdown(p) + "\n";
   }
   md += "![" + f.name + "](" + f.name + ".png)\n\n";
   md += "## All simulated results\n\n" + markdown(t) + "\n";
