@@ -39,24 +39,6 @@ cpu::pool_backend_options small_groups(std::vector<std::size_t> windows = {64 <<
   return o;
 }
 
-/// Runs f(rank) on n threads; rethrows the first exception (lowest rank).
-void on_ranks(int n, std::function<void(int)> const& f) {
-  std::vector<std::exception_ptr> errs(static_cast<std::size_t>(n));
-  {
-    std::vector<std::jthread> ts;
-    for (int r = 0; r < n; ++r)
-      ts.emplace_back([&, r] {
-        try {
-          f(r);
-        } catch (...) {
-          errs[static_cast<std::size_t>(r)] = std::current_exception();
-        }
-      });
-  }
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
-}
-
 /// Input of world rank w for collective number k: random, never all zero, exact sums in double.
 std::vector<double> input_of(int w, int k, std::size_t n) {
   std::mt19937_64 g(static_cast<std::uint64_t>(w) * 1000003u + static_cast<std::uint64_t>(k) * 7919u + 17u);
@@ -150,7 +132,7 @@ TEST_CASE("build prices every shape; switches return the right group and collect
   int const n = 4;
   auto world = std::make_shared<cpu::pool_world>(n);
   std::vector<std::vector<shape_report>> reports(n);
-  on_ranks(n, [&](int r) {
+  cpu::run_threads(n, [&](int r) {
     cpu::pool_backend b(world, r, small_groups({64 << 10, 32 << 10}));
     pool_options o;
     o.shapes = tensor_parallel_shapes(n);  // TP4, TP2x2, TP1x4
@@ -209,7 +191,7 @@ TEST_CASE("build prices every shape; switches return the right group and collect
 
 TEST_CASE("a switch is a handle swap: no collective, microseconds") {
   auto world = std::make_shared<cpu::pool_world>(2);
-  on_ranks(2, [&](int r) {
+  cpu::run_threads(2, [&](int r) {
     cpu::pool_backend b(world, r, small_groups());
     pool_options o;
     o.shapes = tensor_parallel_shapes(2);
@@ -233,7 +215,7 @@ TEST_CASE("a switch is a handle swap: no collective, microseconds") {
 
 TEST_CASE("switch while a collective is in flight: fail leaves the shape active, wait waits within its bound") {
   auto world = std::make_shared<cpu::pool_world>(2);
-  on_ranks(2, [&](int r) {
+  cpu::run_threads(2, [&](int r) {
     cpu::pool_backend b(world, r, small_groups());
     pool_options o;
     o.shapes = tensor_parallel_shapes(2);
@@ -275,7 +257,7 @@ TEST_CASE("switch while a collective is in flight: fail leaves the shape active,
 
 TEST_CASE("switch_wait bounds busy_policy::wait: past it, pool_error(timeout) and the shape stays") {
   auto world = std::make_shared<cpu::pool_world>(2);
-  on_ranks(2, [&](int r) {
+  cpu::run_threads(2, [&](int r) {
     cpu::pool_backend b(world, r, small_groups());
     pool_options o;
     o.shapes = tensor_parallel_shapes(2);
@@ -304,7 +286,7 @@ TEST_CASE("retirement runs in the background, in queue order; the caller pays mi
   int const n = 4;
   auto world = std::make_shared<cpu::pool_world>(n);
   std::vector<std::vector<retirement_record>> recs(n);
-  on_ranks(n, [&](int r) {
+  cpu::run_threads(n, [&](int r) {
     auto bo = small_groups();
     bo.hooks.teardown_delay = 150ms;  // a destroy on the ~0.5 s floor, shortened
     cpu::pool_backend b(world, r, bo);
@@ -368,7 +350,7 @@ TEST_CASE("retirement runs in the background, in queue order; the caller pays mi
 
 TEST_CASE("a failed group is revoked or aborted, not finalized") {
   auto world = std::make_shared<cpu::pool_world>(2);
-  on_ranks(2, [&](int r) {
+  cpu::run_threads(2, [&](int r) {
     cpu::pool_backend b(world, r, small_groups());
     pool_options o;
     o.shapes = tensor_parallel_shapes(2);
@@ -388,7 +370,7 @@ TEST_CASE("a failed group is revoked or aborted, not finalized") {
 TEST_CASE("a teardown past its bound is abandoned and reported; shutdown never hangs") {
   auto world = std::make_shared<cpu::pool_world>(2);
   auto gate = std::make_shared<std::atomic<bool>>(false);
-  on_ranks(2, [&](int r) {
+  cpu::run_threads(2, [&](int r) {
     auto bo = small_groups();
     bo.hooks.teardown_gate = gate;  // every teardown hangs until the gate opens
     cpu::pool_backend b(world, r, bo);
@@ -463,7 +445,7 @@ TEST_CASE("a memory budget too small fails the build on every rank, naming the s
   {  // price the shapes first
     auto world = std::make_shared<cpu::pool_world>(n);
     std::vector<std::uint64_t> b2(n), b1(n);
-    on_ranks(n, [&](int r) {
+    cpu::run_threads(n, [&](int r) {
       cpu::pool_backend b(world, r, small_groups({1 << 20}));
       pool_options o;
       o.shapes = tensor_parallel_shapes(n);
@@ -484,7 +466,7 @@ TEST_CASE("a memory budget too small fails the build on every rank, naming the s
   for (want w : {want{tp2_bytes - 1, "TP2"}, want{tp2_bytes + tp1_bytes - 1, "TP1x2"}}) {
     auto world = std::make_shared<cpu::pool_world>(n);
     std::vector<std::string> what(n);
-    on_ranks(n, [&](int r) {
+    cpu::run_threads(n, [&](int r) {
       cpu::pool_backend b(world, r, small_groups({1 << 20}));
       pool_options o;
       o.shapes = tensor_parallel_shapes(n);
@@ -505,7 +487,7 @@ TEST_CASE("a memory budget too small fails the build on every rank, naming the s
   }
   // a budget that fits builds
   auto world = std::make_shared<cpu::pool_world>(n);
-  on_ranks(n, [&](int r) {
+  cpu::run_threads(n, [&](int r) {
     cpu::pool_backend b(world, r, small_groups({1 << 20}));
     pool_options o;
     o.shapes = tensor_parallel_shapes(n);
@@ -520,7 +502,7 @@ TEST_CASE("a group that fails to build on one rank fails the shape on every rank
   int const n = 2;
   auto world = std::make_shared<cpu::pool_world>(n);
   std::vector<std::string> what(n);
-  on_ranks(n, [&](int r) {
+  cpu::run_threads(n, [&](int r) {
     auto bo = small_groups();
     bo.group_config.arrival_timeout_ns = 300'000'000;  // rank 0's warm-up gives up on rank 1 quickly
     bo.hooks.fail_build_rank = 1;
@@ -548,7 +530,7 @@ TEST_CASE("a group that fails to build on one rank fails the shape on every rank
 
 TEST_CASE("shutdown releases every shape, the active one included, and is idempotent") {
   auto world = std::make_shared<cpu::pool_world>(2);
-  on_ranks(2, [&](int r) {
+  cpu::run_threads(2, [&](int r) {
     cpu::pool_backend b(world, r, small_groups());
     pool_options o;
     o.shapes = tensor_parallel_shapes(2);

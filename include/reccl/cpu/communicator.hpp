@@ -176,6 +176,27 @@ struct rank_state {
   bool failed = false;
 };
 
+/// Runs f(rank) for rank = 0..n-1 on n threads and joins them; rethrows the exception of the lowest
+/// rank that threw, if any.
+template <class F>
+void run_threads(int n, F&& f) {
+  std::vector<std::exception_ptr> errs(static_cast<std::size_t>(n));
+  {
+    std::vector<std::jthread> ts;
+    ts.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          f(r);
+        } catch (...) {
+          errs[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+      });
+  }
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
 /// A CPU communicator of `nranks` rank threads and `n_vts` VTs (see the file comment).
 class communicator {
  public:
@@ -237,21 +258,7 @@ class communicator {
   /// that threw, if any.
   template <class F>
   void run_ranks(F&& f) {
-    std::vector<std::exception_ptr> errs(static_cast<std::size_t>(cfg_.nranks));
-    {
-      std::vector<std::jthread> ts;
-      ts.reserve(static_cast<std::size_t>(cfg_.nranks));
-      for (int r = 0; r < cfg_.nranks; ++r)
-        ts.emplace_back([&, r] {
-          try {
-            f(r);
-          } catch (...) {
-            errs[static_cast<std::size_t>(r)] = std::current_exception();
-          }
-        });
-    }
-    for (auto& e : errs)
-      if (e) std::rethrow_exception(e);
+    run_threads(cfg_.nranks, f);
   }
 
   // -- control plane (used by the engine) ---------------------------------------------------------
