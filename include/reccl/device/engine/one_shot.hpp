@@ -40,32 +40,6 @@ RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, deadline_clock& deadlin
   }
 }
 
-/// Slot headers of one call, exchanged with every peer by threads 0..n-1 (thread `tid` serves peer
-/// `tid`): write mine into the peer's slot, poll the peer's in my slot, and check that the
-/// descriptor hash, pack count and sequence agree (else `mismatch`). Header words never equal the
-/// Lamport sentinel (bit 31 clear). Headers go both ways between every pair, also where no data
-/// flows (a broadcast's root receives none): each rank then waits for every peer in every call, so
-/// no rank runs more than one call ahead and the two slot phases suffice (a root running ahead would
-/// overwrite a phase its peers have not read yet). Sets `abort_flag` on mismatch, deadline or abort.
-RECCL_DEVICE void exchange_headers(lsa_view const& v, std::uint32_t desc, int np, std::uint64_t seq, int phase, int cta,
-                                   deadline_clock& deadline, int& abort_flag, std::uint32_t* st) {
-  int const tid = static_cast<int>(threadIdx.x), me = v.rank, n = v.nranks;
-  if (tid >= n || tid == me) return;
-  pack16 const h{{desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
-  store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
-  char* const hp = v.one_shot_slot(me, phase, tid, cta);
-  pack16 g;
-  if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
-    if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
-      raise_status(st, status::mismatch);
-      abort_flag = 1;
-    }
-    store_pack(hp, lamport_poison());
-  } else {
-    abort_flag = 1;
-  }
-}
-
 template <class T>
 __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args const a) {
   static_assert(element<T>::is_float && sizeof(T) <= 4, "one-shot Lamport slots carry fp32/fp16/bf16 only");
@@ -118,8 +92,23 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
       }
     }
   }
-  // 2. slot headers: check that every peer runs the same call
-  exchange_headers(v, a.desc, np, seq, phase, cta, deadline, abort_flag, st);
+  pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
+  if (tid < n && tid != me) {
+    // header words never equal the sentinel (bit 31 clear)
+    store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
+    // 2. check the peer's header (thread `tid` checks peer `tid`)
+    char* const hp = v.one_shot_slot(me, phase, tid, cta);
+    pack16 g;
+    if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
+      if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
+        raise_status(st, status::mismatch);
+        abort_flag = 1;
+      }
+      store_pack(hp, lamport_poison());
+    } else {
+      abort_flag = 1;
+    }
+  }
 
   // 3. receive: poll all my packs of a peer at once, combine in rank order, re-poison what was read
   bool ok = true;
@@ -252,7 +241,25 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
       ll_send(v.one_shot_slot(p, phase, me, cta) + 16 + k * 32, x);
     }
   }
-  exchange_headers(v, a.desc, np, seq, phase, cta, deadline, abort_flag, st);
+  // Headers go both ways between every pair, also where no data flows (a broadcast's root
+  // receives none): each rank then waits for every peer in every call, so no rank runs more than
+  // one call ahead and the two slot phases suffice (a root running ahead would overwrite a phase
+  // its peers have not read yet).
+  pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
+  if (tid < n && tid != me) store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
+  if (tid < n && tid != me) {
+    char* const hp = v.one_shot_slot(me, phase, tid, cta);
+    pack16 g;
+    if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
+      if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
+        raise_status(st, status::mismatch);
+        abort_flag = 1;
+      }
+      store_pack(hp, lamport_poison());
+    } else {
+      abort_flag = 1;
+    }
+  }
 
   // 2. receive
   bool ok = true;
