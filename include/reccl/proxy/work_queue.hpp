@@ -1,0 +1,313 @@
+// reccl/proxy/work_queue.hpp -- the single-producer single-consumer ring through which a GPU (or
+// any producer thread) hands small work requests to a host proxy thread.
+//
+//   producer (one GPU thread per queue)                 consumer (the proxy thread)
+//   ┌─────────────────────────────────────┐             ┌──────────────────────────────────┐
+//   │ wait until tail - head < capacity   │  ring[cap]  │ t = acquire-load tail            │
+//   │   (each failed poll: stalls += 1,   │ ┌─┬─┬─┬─┐  │ while head < t:                  │
+//   │    bounded by a deadline)           │ │ │ │ │ │  │   copy ring[head % cap], execute │
+//   │ ring[tail % cap] = request          │ └─┴─┴─┴─┘  │   release-store head + 1         │
+//   │ release-store tail + 1              │ ──────────▶│ when the backend completed them: │
+//   │ (flush: acquire-load completed)     │ ◀──────────│   release-store completed        │
+//   └─────────────────────────────────────┘             └──────────────────────────────────┘
+//
+// Memory lives where both sides can address it: plain host memory for CPU producers, and
+// cudaHostAlloc'd mapped memory when the producer is a kernel (the same layout; the ring and the
+// control block are trivially copyable records with no pointers inside).
+//
+// Memory order (the whole protocol):
+//  - producer: writes the record, then release-stores `tail`; it acquire-loads `head` before
+//    reusing a slot, so it never overwrites a record the consumer has not copied out yet;
+//  - consumer: acquire-loads `tail`, copies the record, then release-stores `head`;
+//  - consumer: once the backend reports the requests up to n complete (their bytes are in the
+//    peer's memory, their signals delivered), release-stores `completed = n`; a producer that
+//    acquire-loads `completed >= n` may reuse the source bytes of requests < n (flush).
+//  - `error` is sticky: the first non-ok status either side hits; readers use acquire.
+// On the host these are std::atomic_ref operations; in device code (only under __CUDA_ARCH__)
+// they are ld.acquire.sys / st.release.sys, which order against the host through mapped memory.
+//
+// Stalls: a producer that finds the ring full polls again; each unsuccessful poll is one stall,
+// added to the queue's `stalls` counter (the same counting as a transport wait). A full queue is
+// a stall, and a full queue that never drains is a timeout at the caller's deadline.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "../config.hpp"
+#include "../types.hpp"
+
+#if !defined(__CUDA_ARCH__)
+#  include <atomic>
+#  include <chrono>
+#  include <memory>
+#endif
+
+namespace reccl::proxy {
+
+/// What a work request asks the proxy to do.
+enum class request_kind : std::uint32_t {
+  none = 0,
+  put = 1,              ///< copy bytes from my window at src_offset to peer's window at dst_offset
+  signal = 2,           ///< publish value on peer's flag `flag_index` (ordered after my earlier puts to peer)
+  put_with_signal = 3,  ///< put, then signal, as one request
+  get = 4,              ///< copy bytes from peer's window at src_offset to my window at dst_offset
+};
+
+/// One fixed-size work request (64 bytes: one cache line, one PCIe write burst). Offsets are in
+/// window coordinates: every rank registers one window, and requests name bytes by offset in it.
+struct alignas(64) work_request {
+  request_kind kind = request_kind::none;
+  std::int32_t peer = -1;         ///< destination rank (put/signal), source rank (get)
+  std::uint32_t flag_index = 0;   ///< signal: which of the peer's flags
+  std::uint32_t reserved = 0;
+  std::uint64_t src_offset = 0;   ///< put: in my window; get: in peer's window
+  std::uint64_t dst_offset = 0;   ///< put: in peer's window; get: in my window
+  std::uint64_t bytes = 0;
+  std::uint64_t value = 0;        ///< signal: the flag's new value (flags only grow)
+  std::uint64_t pad[2] = {};
+};
+static_assert(sizeof(work_request) == 64);
+static_assert(std::is_trivially_copyable_v<work_request>);
+
+/// Builds a put request.
+RECCL_HOST_DEVICE work_request make_put(int peer, std::uint64_t src_offset, std::uint64_t dst_offset, std::uint64_t bytes) {
+  work_request r;
+  r.kind = request_kind::put;
+  r.peer = peer;
+  r.src_offset = src_offset;
+  r.dst_offset = dst_offset;
+  r.bytes = bytes;
+  return r;
+}
+/// Builds a signal request.
+RECCL_HOST_DEVICE work_request make_signal(int peer, std::uint32_t flag_index, std::uint64_t value) {
+  work_request r;
+  r.kind = request_kind::signal;
+  r.peer = peer;
+  r.flag_index = flag_index;
+  r.value = value;
+  return r;
+}
+/// Builds a put-then-signal request.
+RECCL_HOST_DEVICE work_request make_put_with_signal(int peer, std::uint64_t src_offset, std::uint64_t dst_offset,
+                                                    std::uint64_t bytes, std::uint32_t flag_index, std::uint64_t value) {
+  work_request r = make_put(peer, src_offset, dst_offset, bytes);
+  r.kind = request_kind::put_with_signal;
+  r.flag_index = flag_index;
+  r.value = value;
+  return r;
+}
+/// Builds a get request.
+RECCL_HOST_DEVICE work_request make_get(int peer, std::uint64_t src_offset, std::uint64_t dst_offset, std::uint64_t bytes) {
+  work_request r = make_put(peer, src_offset, dst_offset, bytes);
+  r.kind = request_kind::get;
+  return r;
+}
+
+/// The control block of one queue. Each side's counters sit on their own cache line.
+struct queue_control {
+  alignas(64) std::uint64_t tail = 0;       ///< producer: requests published
+  std::uint64_t stalls = 0;                 ///< producer: unsuccessful polls of a full ring
+  alignas(64) std::uint64_t head = 0;       ///< consumer: requests copied out of the ring
+  alignas(64) std::uint64_t completed = 0;  ///< consumer: requests the backend completed
+  alignas(64) std::uint32_t error = 0;      ///< sticky reccl::status (0 = ok)
+};
+static_assert(std::is_trivially_copyable_v<queue_control>);
+
+// -- the few atomic operations, host or device --------------------------------------------------
+
+RECCL_HOST_DEVICE std::uint64_t load_acquire(std::uint64_t const* p) {
+#if defined(__CUDA_ARCH__)
+  std::uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return std::atomic_ref<std::uint64_t const>(*p).load(std::memory_order_acquire);
+#endif
+}
+RECCL_HOST_DEVICE void store_release(std::uint64_t* p, std::uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
+  std::atomic_ref<std::uint64_t>(*p).store(v, std::memory_order_release);
+#endif
+}
+RECCL_HOST_DEVICE std::uint64_t load_relaxed(std::uint64_t const* p) {
+#if defined(__CUDA_ARCH__)
+  return *static_cast<std::uint64_t const volatile*>(p);
+#else
+  return std::atomic_ref<std::uint64_t const>(*p).load(std::memory_order_relaxed);
+#endif
+}
+RECCL_HOST_DEVICE void store_relaxed(std::uint64_t* p, std::uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  *static_cast<std::uint64_t volatile*>(p) = v;
+#else
+  std::atomic_ref<std::uint64_t>(*p).store(v, std::memory_order_relaxed);
+#endif
+}
+/// Raises a flag to at least v (flags only grow; concurrent writers keep the maximum).
+RECCL_HOST_DEVICE void raise_release(std::uint64_t* p, std::uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  __threadfence_system();
+  atomicMax(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+#else
+  std::atomic_ref<std::uint64_t> a(*p);
+  std::uint64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_release, std::memory_order_relaxed)) {
+  }
+#endif
+}
+/// Records the first error (later errors keep the first one).
+RECCL_HOST_DEVICE void set_error(std::uint32_t* p, status s) {
+#if defined(__CUDA_ARCH__)
+  atomicCAS(p, 0u, static_cast<std::uint32_t>(s));
+  __threadfence_system();
+#else
+  std::uint32_t expected = 0;
+  std::atomic_ref<std::uint32_t>(*p).compare_exchange_strong(expected, static_cast<std::uint32_t>(s),
+                                                             std::memory_order_acq_rel);
+#endif
+}
+RECCL_HOST_DEVICE status get_error(std::uint32_t const* p) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<status>(*static_cast<std::uint32_t const volatile*>(p));
+#else
+  return static_cast<status>(std::atomic_ref<std::uint32_t const>(*p).load(std::memory_order_acquire));
+#endif
+}
+
+/// Nanosecond clock the deadlines use: std::chrono::steady_clock on the host, %globaltimer on the
+/// device. A producer and the proxy compare deadlines only against their own clock.
+RECCL_HOST_DEVICE std::uint64_t clock_ns() {
+#if defined(__CUDA_ARCH__)
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+#endif
+}
+
+/// Outcome of a bounded push or flush: status::ok, status::timeout (deadline passed), or the
+/// queue's sticky error; spins = unsuccessful polls (stalls).
+struct push_result {
+  status st = status::ok;
+  std::uint64_t spins = 0;
+};
+
+/// A view of one queue: what producer and consumer each hold (trivially copyable, passed to
+/// kernels by value). `capacity` is a power of two. The single producer and the single consumer
+/// may be on different devices; each role's calls must come from one thread at a time.
+struct work_queue_view {
+  work_request* ring = nullptr;
+  queue_control* ctl = nullptr;
+  std::uint32_t capacity = 0;
+
+  // -- producer ---------------------------------------------------------------------------------
+
+  /// One attempt: publishes r and returns true, or returns false if the ring is full.
+  RECCL_HOST_DEVICE bool try_push(work_request const& r) const {
+    std::uint64_t const t = load_relaxed(&ctl->tail);  // only this producer writes tail
+    if (t - load_acquire(&ctl->head) >= capacity) return false;
+    ring[t & (capacity - 1)] = r;
+    store_release(&ctl->tail, t + 1);
+    return true;
+  }
+
+  /// Publishes r, polling a full ring until the absolute deadline (clock_ns()). Each unsuccessful
+  /// poll is a stall, added to ctl->stalls. Fails fast with the queue's sticky error if one is set,
+  /// and sets status::timeout as the sticky error if the deadline passes (the request is dropped;
+  /// every later wait on what it would have delivered then times out too).
+  RECCL_HOST_DEVICE push_result push(work_request const& r, std::uint64_t deadline_ns) const {
+    push_result res;
+    for (;;) {
+      if (status const e = get_error(&ctl->error); e != status::ok) {
+        res.st = e;
+        break;
+      }
+      if (try_push(r)) break;
+      ++res.spins;
+      if (clock_ns() >= deadline_ns) {
+        set_error(&ctl->error, status::timeout);
+        res.st = status::timeout;
+        break;
+      }
+    }
+    if (res.spins != 0) store_relaxed(&ctl->stalls, load_relaxed(&ctl->stalls) + res.spins);
+    return res;
+  }
+
+  /// Requests published so far: the sequence number the next push gets.
+  RECCL_HOST_DEVICE std::uint64_t published() const { return load_relaxed(&ctl->tail); }
+
+  /// Waits until the proxy completed every request with sequence number < n (their source bytes
+  /// may be reused, their destination bytes and signals have arrived), the deadline passes
+  /// (status::timeout, not sticky) or the queue has an error. spins = unsuccessful polls.
+  RECCL_HOST_DEVICE push_result wait_completed(std::uint64_t n, std::uint64_t deadline_ns) const {
+    push_result res;
+    for (;;) {
+      if (load_acquire(&ctl->completed) >= n) break;
+      if (status const e = get_error(&ctl->error); e != status::ok) {
+        res.st = e;
+        break;
+      }
+      ++res.spins;
+      if (clock_ns() >= deadline_ns) {
+        res.st = status::timeout;
+        break;
+      }
+    }
+    return res;
+  }
+  /// wait_completed(published(), deadline): everything pushed so far.
+  RECCL_HOST_DEVICE push_result flush(std::uint64_t deadline_ns) const { return wait_completed(published(), deadline_ns); }
+
+  // -- consumer ---------------------------------------------------------------------------------
+
+  /// Copies the oldest request into `out` and frees its slot; false if the ring is empty.
+  RECCL_HOST_DEVICE bool try_pop(work_request& out) const {
+    std::uint64_t const h = load_relaxed(&ctl->head);  // only this consumer writes head
+    if (load_acquire(&ctl->tail) == h) return false;
+    out = ring[h & (capacity - 1)];
+    store_release(&ctl->head, h + 1);
+    return true;
+  }
+  /// Consumer: requests < n are complete.
+  RECCL_HOST_DEVICE void mark_completed(std::uint64_t n) const { store_release(&ctl->completed, n); }
+
+  // -- either side ------------------------------------------------------------------------------
+
+  RECCL_HOST_DEVICE status error() const { return get_error(&ctl->error); }
+  RECCL_HOST_DEVICE void fail(status s) const { set_error(&ctl->error, s); }
+  /// Stalls counted so far (read by the producer; an estimate if read elsewhere while it runs).
+  RECCL_HOST_DEVICE std::uint64_t stalls() const { return load_relaxed(&ctl->stalls); }
+};
+static_assert(std::is_trivially_copyable_v<work_queue_view>);
+
+#if !defined(__CUDA_ARCH__)
+/// Owns one queue in plain host memory (tests, CPU producers). The host runtime allocates the same
+/// layout with cudaHostAlloc(cudaHostAllocMapped) when a kernel produces.
+class work_queue {
+ public:
+  /// capacity: a power of two in [1, 2^20]; anything else is rejected (valid() is false).
+  explicit work_queue(std::uint32_t capacity) {
+    if (capacity == 0 || (capacity & (capacity - 1)) != 0 || capacity > (1u << 20)) return;
+    ring_ = std::make_unique<work_request[]>(capacity);
+    ctl_ = std::make_unique<queue_control>();
+    capacity_ = capacity;
+  }
+  bool valid() const { return capacity_ != 0; }
+  work_queue_view view() const { return {ring_.get(), ctl_.get(), capacity_}; }
+
+ private:
+  std::unique_ptr<work_request[]> ring_;
+  std::unique_ptr<queue_control> ctl_;
+  std::uint32_t capacity_ = 0;
+};
+#endif
+
+}  // namespace reccl::proxy

@@ -1,0 +1,169 @@
+// Work queue: FIFO order, wrap-around, capacity, a producer and a consumer on two threads, and a
+// full queue that stalls (counted) until its deadline.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <thread>
+
+#include "reccl/proxy/work_queue.hpp"
+
+using namespace reccl;
+using namespace reccl::proxy;
+
+namespace {
+
+// A request whose every field derives from (seed, i): the consumer regenerates it to compare.
+work_request random_request(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t state = seed * 1'000'003 + i;
+  auto g = [&state] {  // splitmix64: cheap, and every field differs
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  switch (g() % 4) {
+    case 0: return make_put(static_cast<int>(g() % 64), g(), g(), g());
+    case 1: return make_signal(static_cast<int>(g() % 64), static_cast<std::uint32_t>(g()), g());
+    case 2: return make_put_with_signal(static_cast<int>(g() % 64), g(), g(), g(), static_cast<std::uint32_t>(g()), g());
+    default: return make_get(static_cast<int>(g() % 64), g(), g(), g());
+  }
+}
+
+bool same(work_request const& a, work_request const& b) {
+  return a.kind == b.kind && a.peer == b.peer && a.flag_index == b.flag_index && a.src_offset == b.src_offset &&
+         a.dst_offset == b.dst_offset && a.bytes == b.bytes && a.value == b.value;
+}
+
+}  // namespace
+
+TEST_CASE("work_queue: capacity must be a power of two") {
+  CHECK_FALSE(work_queue(0).valid());
+  CHECK_FALSE(work_queue(3).valid());
+  CHECK_FALSE(work_queue(12).valid());
+  CHECK_FALSE(work_queue((1u << 20) * 2).valid());
+  CHECK(work_queue(1).valid());
+  CHECK(work_queue(8).valid());
+}
+
+TEST_CASE("work_queue: FIFO order and wrap-around on one thread") {
+  work_queue q(4);
+  REQUIRE(q.valid());
+  auto const v = q.view();
+  std::mt19937 g(7);
+  std::uint64_t pushed = 0, popped = 0;
+  // Random bursts of pushes and pops wrap the 4-slot ring hundreds of times.
+  while (popped < 2000) {
+    int const burst = static_cast<int>(g() % 6);
+    for (int k = 0; k < burst; ++k) {
+      bool const room = pushed - popped < 4;
+      CHECK(v.try_push(random_request(1, pushed)) == room);
+      if (room) ++pushed;
+    }
+    int const take = static_cast<int>(g() % 6);
+    for (int k = 0; k < take; ++k) {
+      work_request r;
+      bool const any = popped < pushed;
+      REQUIRE(v.try_pop(r) == any);
+      if (!any) break;
+      REQUIRE(same(r, random_request(1, popped)));
+      ++popped;
+    }
+  }
+  CHECK(v.published() == pushed);
+  CHECK(v.stalls() == 0);
+  CHECK(v.error() == status::ok);
+}
+
+TEST_CASE("work_queue: a producer thread and a consumer thread keep order") {
+  work_queue q(16);
+  auto const v = q.view();
+  constexpr std::uint64_t n = 50'000;
+  std::thread producer([&] {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      push_result const r = v.push(random_request(2, i), clock_ns() + 5'000'000'000ull);
+      if (r.st != status::ok) return;
+    }
+  });
+  std::uint64_t got = 0, mismatches = 0;
+  std::uint64_t const deadline = clock_ns() + 5'000'000'000ull;
+  while (got < n && clock_ns() < deadline) {
+    work_request r;
+    if (!v.try_pop(r)) continue;
+    if (!same(r, random_request(2, got))) ++mismatches;
+    ++got;
+    if (got % 1000 == 0) v.mark_completed(got);
+  }
+  producer.join();
+  CHECK(got == n);
+  CHECK(mismatches == 0);
+  CHECK(v.error() == status::ok);
+  // A 16-slot ring against a consumer on another thread: the producer must have found it full.
+  MESSAGE("producer stalls: " << v.stalls());
+}
+
+TEST_CASE("work_queue: a full queue stalls until its deadline, then fails sticky with timeout") {
+  work_queue q(2);
+  auto const v = q.view();
+  REQUIRE(v.try_push(make_signal(0, 0, 1)));
+  REQUIRE(v.try_push(make_signal(0, 0, 2)));
+  std::uint64_t const t0 = clock_ns();
+  push_result const r = v.push(make_signal(0, 0, 3), t0 + 20'000'000);
+  std::uint64_t const waited = clock_ns() - t0;
+  CHECK(r.st == status::timeout);
+  CHECK(r.spins > 0);
+  CHECK(v.stalls() == r.spins);
+  CHECK(waited >= 20'000'000);
+  CHECK(waited < 2'000'000'000);
+  CHECK(v.error() == status::timeout);
+  // Sticky: even with room again, a later push reports the error at once.
+  work_request out;
+  REQUIRE(v.try_pop(out));
+  CHECK(out.value == 1);
+  push_result const again = v.push(make_signal(0, 0, 4), clock_ns() + 1'000'000'000);
+  CHECK(again.st == status::timeout);
+  CHECK(again.spins == 0);
+}
+
+TEST_CASE("work_queue: a stalled push succeeds once the consumer frees a slot") {
+  work_queue q(1);
+  auto const v = q.view();
+  REQUIRE(v.try_push(make_signal(1, 5, 10)));
+  std::thread consumer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    work_request r;
+    (void)v.try_pop(r);
+  });
+  push_result const r = v.push(make_signal(1, 5, 11), clock_ns() + 2'000'000'000);
+  consumer.join();
+  CHECK(r.st == status::ok);
+  CHECK(r.spins > 0);
+  CHECK(v.stalls() == r.spins);
+  work_request out;
+  REQUIRE(v.try_pop(out));
+  CHECK(out.value == 11);
+}
+
+TEST_CASE("work_queue: flush waits for completions and is bounded") {
+  work_queue q(8);
+  auto const v = q.view();
+  for (int i = 0; i < 3; ++i) REQUIRE(v.try_push(make_put(1, 0, 0, 8)));
+  CHECK(v.flush(clock_ns() + 5'000'000).st == status::timeout);  // nobody completes them
+  CHECK(v.error() == status::ok);                                 // a flush timeout is not sticky
+  std::thread consumer([&] {
+    work_request r;
+    int n = 0;
+    while (n < 3)
+      if (v.try_pop(r)) ++n;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    v.mark_completed(3);
+  });
+  push_result const r = v.flush(clock_ns() + 2'000'000'000);
+  consumer.join();
+  CHECK(r.st == status::ok);
+  CHECK(r.spins > 0);
+  v.fail(status::internal);
+  CHECK(v.wait_completed(4, clock_ns() + 1'000'000'000).st == status::internal);
+}
