@@ -165,15 +165,17 @@ class proxy {
     return s;
   }
 
+  // The proxy's error and message are set before the queue's error word, so a producer that sees
+  // its queue failed also sees why.
   void record(status st, std::string const& what, std::size_t q) {
+    if (error_.load(std::memory_order_relaxed) == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      message_ = std::string("proxy: ") + std::string(name(st)) + ": " + what;
+      error_.store(static_cast<std::uint32_t>(st), std::memory_order_release);
+    }
     if (q < failed_.size() && !failed_[q]) {
       failed_[q] = true;
       if (queues_[q].ctl) queues_[q].fail(st);
-    }
-    std::uint32_t expected = 0;
-    if (error_.compare_exchange_strong(expected, static_cast<std::uint32_t>(st), std::memory_order_acq_rel)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      message_ = std::string("proxy: ") + std::string(name(st)) + ": " + what;
     }
   }
 

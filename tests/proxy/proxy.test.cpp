@@ -1,0 +1,265 @@
+// Proxy thread + host backend + proxy Transport handle: ranks are threads of this process, each
+// with its own window, flags, per-VT queues and proxy thread. Data is random and every byte is
+// checked against what the sender generated.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "reccl/proxy/backend_host.hpp"
+#include "reccl/proxy/proxy.hpp"
+#include "reccl/proxy/transport.hpp"
+#include "reccl/proxy/work_queue.hpp"
+
+using namespace reccl;
+using namespace reccl::proxy;
+using handle = reccl::transport::proxy::handle;
+
+namespace {
+
+constexpr std::uint64_t second = 1'000'000'000;
+
+// Bytes rank `src` sends to `dst` on `vt` in round `round`: a deterministic random stream.
+void fill(std::byte* p, std::size_t n, int src, int dst, int vt, int round) {
+  std::mt19937_64 g(((static_cast<std::uint64_t>(src) * 131 + dst) * 131 + vt) * 100'003 + round);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::byte>(g());
+}
+
+// Everything N ranks of one process need: windows, flags, queues, backends, proxies.
+struct world {
+  window_layout layout;
+  std::vector<std::unique_ptr<std::byte[]>> windows;
+  std::vector<std::unique_ptr<std::uint64_t[]>> flags;
+  std::vector<host_memory> memory;
+  std::vector<std::vector<work_queue>> queues;          // [rank][vt]
+  std::vector<std::vector<work_queue_view>> views;      // [rank][vt]
+  std::vector<std::unique_ptr<host_backend>> backends;  // [rank]
+  std::vector<std::unique_ptr<reccl::proxy::proxy<host_backend>>> proxies;
+
+  world(int nranks, int n_vts, std::uint64_t area_bytes, std::uint32_t capacity, bool start = true)
+      : layout{nranks, n_vts, area_bytes} {
+    for (int r = 0; r < nranks; ++r) {
+      windows.push_back(std::make_unique<std::byte[]>(layout.window_bytes()));
+      flags.push_back(std::make_unique<std::uint64_t[]>(layout.n_flags()));
+      memory.push_back({windows.back().get(), layout.window_bytes(), flags.back().get(), layout.n_flags()});
+      queues.emplace_back();
+      views.emplace_back();
+      for (int v = 0; v < n_vts; ++v) {
+        queues.back().emplace_back(capacity);
+        views.back().push_back(queues.back().back().view());
+      }
+    }
+    for (int r = 0; r < nranks; ++r) {
+      backends.push_back(std::make_unique<host_backend>(r, memory));
+      proxies.push_back(std::make_unique<reccl::proxy::proxy<host_backend>>(*backends[r], views[r]));
+      if (start) proxies.back()->start();
+    }
+  }
+  ~world() { stop(); }
+  void stop() {
+    for (auto& p : proxies) p->stop();
+  }
+
+  handle at(int r, std::uint64_t push_timeout_ns = 2 * second) const {
+    handle h;
+    h.queues = views[r].data();
+    h.window = windows[r].get();
+    h.flags = flags[r].get();
+    h.layout = layout;
+    h.rank = r;
+    h.push_timeout_ns = push_timeout_ns;
+    return h;
+  }
+};
+
+static_assert(reccl::Transport<reccl::transport::proxy>);
+
+}  // namespace
+
+TEST_CASE("proxy: host backend moves random data between 2-4 ranks with put, signal and credit") {
+  for (int nranks : {2, 3, 4}) {
+    CAPTURE(nranks);
+    constexpr int n_vts = 2, rounds = 40;
+    constexpr std::size_t chunk = 3000;  // not a multiple of 8: offsets and sizes need not align
+    world w(nranks, n_vts, 4096, 8);
+    std::atomic<int> bad_bytes{0}, bad_status{0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < nranks; ++r) {
+      for (int vt = 0; vt < n_vts; ++vt) {
+        // One producer thread per (rank, VT): each queue keeps a single producer.
+        threads.emplace_back([&, r, vt] {
+          handle const h = w.at(r);
+          std::vector<std::byte> expect(chunk);
+          for (int round = 0; round < rounds; ++round) {
+            for (int p = 0; p < nranks; ++p) {
+              if (p == r) continue;
+              // Reuse my send area only after p returned the credit for the previous round.
+              wait_result c = h.wait(vt, p, flag::credit, static_cast<std::uint64_t>(round), clock_ns() + 5 * second);
+              if (c.st != status::ok) ++bad_status;
+              fill(h.send_area(vt, p), chunk, r, p, vt, round);
+              std::size_t const off = static_cast<std::size_t>(round % 3) * 16 + 1;
+              if (round % 2 == 0) {
+                h.put_with_signal(vt, p, off, h.send_area(vt, p), chunk, flag::ready, static_cast<std::uint64_t>(round + 1));
+              } else {
+                h.put(vt, p, off, h.send_area(vt, p), chunk);
+                h.signal(vt, p, flag::ready, static_cast<std::uint64_t>(round + 1));
+              }
+            }
+            for (int p = 0; p < nranks; ++p) {
+              if (p == r) continue;
+              wait_result const a = h.wait(vt, p, flag::ready, static_cast<std::uint64_t>(round + 1), clock_ns() + 5 * second);
+              if (a.st != status::ok) {
+                ++bad_status;
+                continue;
+              }
+              std::size_t const off = static_cast<std::size_t>(round % 3) * 16 + 1;
+              fill(expect.data(), chunk, p, r, vt, round);
+              if (std::memcmp(expect.data(), h.recv_area(vt, p) + off, chunk) != 0) ++bad_bytes;
+              h.signal(vt, p, flag::credit, static_cast<std::uint64_t>(round + 1));
+            }
+          }
+          if (h.flush(vt, clock_ns() + 5 * second).st != status::ok) ++bad_status;
+        });
+      }
+    }
+    for (auto& t : threads) t.join();
+    w.stop();
+    CHECK(bad_status == 0);
+    CHECK(bad_bytes == 0);
+    for (int r = 0; r < nranks; ++r) {
+      CHECK(w.proxies[r]->error() == status::ok);
+      CHECK(w.backends[r]->bytes_moved() == static_cast<std::uint64_t>(n_vts) * rounds * (nranks - 1) * chunk);
+      for (int vt = 0; vt < n_vts; ++vt) CHECK(w.views[r][vt].error() == status::ok);
+    }
+  }
+}
+
+TEST_CASE("proxy: get copies a peer's send area into my window") {
+  world w(3, 1, 1024, 4);
+  // Each rank exposes random bytes to every peer, then tells it so.
+  for (int r = 0; r < 3; ++r) {
+    handle const h = w.at(r);
+    for (int p = 0; p < 3; ++p)
+      if (p != r) {
+        fill(h.send_area(0, p), 1024, r, p, 0, 99);
+        h.signal(0, p, flag::ready, 1);
+      }
+  }
+  for (int r = 0; r < 3; ++r) {
+    handle const h = w.at(r);
+    for (int p = 0; p < 3; ++p) {
+      if (p == r) continue;
+      REQUIRE(h.wait(0, p, flag::ready, 1, clock_ns() + 5 * second).st == status::ok);
+      std::byte* dst = h.recv_area(0, p);  // any place in my window
+      h.get(0, p, 100, dst, 500);
+      REQUIRE(h.error(0) == status::ok);
+      std::vector<std::byte> expect(1024);
+      fill(expect.data(), 1024, p, r, 0, 99);
+      CHECK(std::memcmp(dst, expect.data() + 100, 500) == 0);
+    }
+  }
+}
+
+TEST_CASE("proxy: a malformed request fails its queue, names the request, and leaves other queues alone") {
+  world w(2, 2, 256, 4);
+  // Peer 7 does not exist: pushed raw, past the handle's own checks.
+  REQUIRE(w.views[0][1].try_push(make_put(7, 0, 0, 16)));
+  push_result const f = w.views[0][1].flush(clock_ns() + 5 * second);
+  CHECK(f.st == status::invalid_argument);
+  CHECK(w.proxies[0]->error() == status::invalid_argument);
+  CHECK(w.proxies[0]->error_message().find("peer 7") != std::string::npos);
+  // A later request on the failed queue is discarded; its waits report the error at once.
+  handle const h = w.at(0);
+  CHECK(h.wait(1, 1, flag::ready, 1, clock_ns() + 5 * second).st == status::invalid_argument);
+  // VT 0 still works.
+  fill(h.send_area(0, 1), 64, 0, 1, 0, 0);
+  h.put_with_signal(0, 1, 0, h.send_area(0, 1), 64, flag::ready, 1);
+  handle const h1 = w.at(1);
+  REQUIRE(h1.wait(0, 0, flag::ready, 1, clock_ns() + 5 * second).st == status::ok);
+  std::vector<std::byte> expect(64);
+  fill(expect.data(), 64, 0, 1, 0, 0);
+  CHECK(std::memcmp(h1.recv_area(0, 0), expect.data(), 64) == 0);
+  CHECK(w.views[0][0].error() == status::ok);
+}
+
+TEST_CASE("proxy: the handle rejects a source outside the window and a range past the area") {
+  world w(2, 1, 256, 4);
+  handle const h = w.at(0);
+  std::byte outside[16] = {};
+  h.put(0, 1, 0, outside, sizeof outside);
+  CHECK(h.error(0) == status::invalid_argument);
+  CHECK(h.wait(0, 1, flag::ready, 1, clock_ns() + second).st == status::invalid_argument);
+
+  world w2(2, 1, 256, 4);
+  handle const g = w2.at(0);
+  g.put(0, 1, 250, g.send_area(0, 1), 16);  // 250 + 16 > 256
+  CHECK(g.error(0) == status::invalid_argument);
+  world w3(2, 1, 256, 4);
+  w3.at(0).signal(0, 5, flag::ready, 1);  // no rank 5
+  CHECK(w3.at(0).error(0) == status::invalid_argument);
+}
+
+TEST_CASE("proxy: a wait with no signal times out at its deadline and counts spins") {
+  world w(2, 1, 64, 4);
+  std::uint64_t const t0 = clock_ns();
+  wait_result const r = w.at(0).wait(0, 1, flag::ready, 1, t0 + 10'000'000);
+  CHECK(r.st == status::timeout);
+  CHECK(r.spins > 0);
+  CHECK(clock_ns() - t0 >= 10'000'000);
+}
+
+TEST_CASE("proxy: without a proxy running, a full queue stalls the producer and times out") {
+  world w(2, 1, 64, 2, /*start=*/false);
+  handle const h = w.at(0, 5'000'000);
+  h.signal(0, 1, flag::ready, 1);
+  h.signal(0, 1, flag::ready, 2);
+  CHECK(h.error(0) == status::ok);
+  CHECK(h.queue_stalls(0) == 0);
+  h.signal(0, 1, flag::ready, 3);  // ring of 2 is full: stalls for 5 ms, then fails the queue
+  CHECK(h.queue_stalls(0) > 0);
+  CHECK(h.error(0) == status::timeout);
+}
+
+TEST_CASE("proxy: stop executes what was queued before it, then joins") {
+  world w(2, 1, 4096, 64);
+  handle const h = w.at(0);
+  fill(h.send_area(0, 1), 4096, 0, 1, 0, 5);
+  for (int i = 0; i < 50; ++i) h.put(0, 1, 0, h.send_area(0, 1), 4096);
+  h.signal(0, 1, flag::ready, 50);
+  w.stop();
+  CHECK(w.proxies[0]->error() == status::ok);
+  CHECK(w.proxies[0]->issued(0) == 51);
+  CHECK(w.views[0][0].flush(clock_ns()).st == status::ok);  // completed == published
+  CHECK(w.at(1).wait(0, 0, flag::ready, 50, clock_ns()).st == status::ok);
+  std::vector<std::byte> expect(4096);
+  fill(expect.data(), 4096, 0, 1, 0, 5);
+  CHECK(std::memcmp(w.at(1).recv_area(0, 0), expect.data(), 4096) == 0);
+}
+
+TEST_CASE("proxy: run_once drives the proxy on the caller's thread") {
+  world w(2, 1, 128, 4, /*start=*/false);
+  handle const h = w.at(0);
+  fill(h.send_area(0, 1), 128, 0, 1, 0, 1);
+  h.put_with_signal(0, 1, 0, h.send_area(0, 1), 128, flag::ready, 9);
+  CHECK(w.at(1).wait(0, 0, flag::ready, 9, clock_ns()).st == status::timeout);  // nothing ran yet
+  CHECK(w.proxies[0]->run_once());
+  CHECK(w.at(1).wait(0, 0, flag::ready, 9, clock_ns()).st == status::ok);
+  CHECK(h.flush(0, clock_ns()).st == status::ok);
+  CHECK_FALSE(w.proxies[0]->run_once());  // nothing left
+}
+
+TEST_CASE("proxy: invalid queues are reported at construction") {
+  host_memory mem{};
+  host_backend b(0, std::span<host_memory const>(&mem, 1));
+  work_queue_view bad{};
+  reccl::proxy::proxy<host_backend> p(b, std::span<work_queue_view const>(&bad, 1));
+  CHECK(p.error() == status::invalid_argument);
+  CHECK(p.error_message().find("queue 0") != std::string::npos);
+}
