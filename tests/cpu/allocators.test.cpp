@@ -96,7 +96,7 @@ TEST_CASE("a rate-capped VT gets a smaller share (texcp and proportional, from t
   SUBCASE("proportional") { check_allocator.template operator()<allocator::proportional>(); }
 }
 
-TEST_CASE("telemetry::none: no estimates, so the split stays equal; results still correct") {
+TEST_CASE("telemetry::none: no estimates, so the split stays equal, results still correct") {
   cpu::config c;
   c.nranks = 3;
   c.n_vts = 2;

@@ -93,7 +93,7 @@ TEST_CASE("bfloat16: widening is exact, narrowing rounds to nearest even") {
   }
 }
 
-TEST_CASE("combine: 16-bit types accumulate in fp32 with one rounding; integers wrap") {
+TEST_CASE("combine: 16-bit types accumulate in fp32 with one rounding, integers wrap") {
   using reccl::redop;
   using reccl::cpu::combine;
   // 2048 + 1 = 2049 in fp32, which rounds to 2048 in half (tie to even); 2048 + 3 = 2051 -> 2052

@@ -128,7 +128,7 @@ TEST_CASE("shapes whose groups do not partition the ranks are rejected, naming t
   CHECK(world->bytes(0) == 0);
 }
 
-TEST_CASE("build prices every shape; switches return the right group and collectives stay correct") {
+TEST_CASE("build prices every shape, switches return the right group and collectives stay correct") {
   int const n = 4;
   auto world = std::make_shared<cpu::pool_world>(n);
   std::vector<std::vector<shape_report>> reports(n);
@@ -282,7 +282,7 @@ TEST_CASE("switch_wait bounds busy_policy::wait: past it, pool_error(timeout) an
   });
 }
 
-TEST_CASE("retirement runs in the background, in queue order; the caller pays microseconds") {
+TEST_CASE("retirement runs in the background, in queue order, the caller pays microseconds") {
   int const n = 4;
   auto world = std::make_shared<cpu::pool_world>(n);
   std::vector<std::vector<retirement_record>> recs(n);
@@ -367,7 +367,7 @@ TEST_CASE("a failed group is revoked or aborted, not finalized") {
   });
 }
 
-TEST_CASE("a teardown past its bound is abandoned and reported; shutdown never hangs") {
+TEST_CASE("a teardown past its bound is abandoned and reported, shutdown never hangs") {
   auto world = std::make_shared<cpu::pool_world>(2);
   auto gate = std::make_shared<std::atomic<bool>>(false);
   cpu::run_threads(2, [&](int r) {

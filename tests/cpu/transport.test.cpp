@@ -146,7 +146,7 @@ TEST_CASE("rate cap applies only in its epochs and to its source rank") {
   CHECK(plan.rate(0, 1, 5) == 5e5);  // the lowest cap wins
 }
 
-TEST_CASE("dead link: nothing moves in the dead epochs, waits time out; it works again after") {
+TEST_CASE("dead link: nothing moves in the dead epochs, waits time out, it works again after") {
   cpu::fault_plan plan;
   plan.kill(1, 3, 4);
   auto fab = make_fabric(2, 64, 50'000, plan);
@@ -170,7 +170,7 @@ TEST_CASE("dead link after some bytes: the first bytes arrive, then the link sto
   CHECK(std::memcmp(r.got.data(), data.data(), 64 * 3) == 0);
 }
 
-TEST_CASE("get reads the peer's exposed area; a dead link copies nothing") {
+TEST_CASE("get reads the peer's exposed area, a dead link copies nothing") {
   cpu::fault_plan plan;
   plan.kill(1, 2, 3);
   auto fab = make_fabric(2, 64, 50'000, plan);

@@ -30,7 +30,7 @@ scenario_case small_case() {
 
 }  // namespace
 
-TEST_CASE("a dead NIC: fault, recovery, masking; no bytes on it afterwards; probe and rejoin") {
+TEST_CASE("a dead NIC: fault, recovery, masking, no bytes on it afterwards, probe and rejoin") {
   scenario_case c = small_case();
   topology topo(c.cluster);
   auto const plan = compile_named(c.schedule, schedule_params(c));
@@ -101,7 +101,7 @@ TEST_CASE("TeXCP moves bytes off a lossy NIC and beats the equal split") {
   CHECK(eq.rows.back().share[0] == doctest::Approx(0.25).epsilon(1e-6));
 }
 
-TEST_CASE("same seed, same output; another seed, other telemetry noise") {
+TEST_CASE("same seed, same output, another seed, other telemetry noise") {
   scenario_case c = small_case();
   c.background.push_back(background_job{"bg", background_job::pattern::ring, {0, 5, 2, 7}, {}, 1,
                                         std::numeric_limits<double>::infinity(), 0, 1000, 0.5, 3});

@@ -259,7 +259,7 @@ struct unpaired {
 static_assert(reccl::Schedule<unpaired>);
 }  // namespace
 
-TEST_CASE("plan: unpaired sends are an error; rank counts above max_ranks compile") {
+TEST_CASE("plan: unpaired sends are an error, rank counts above max_ranks compile") {
   sch::params p{};
   p.nranks = 2;
   CHECK_THROWS_AS(compile_plan<unpaired>(p), std::logic_error);
