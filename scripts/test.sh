@@ -12,7 +12,7 @@ cmake --workflow --preset ci-cpu
 export PATH="/usr/local/cuda/bin:$PATH"
 if ! command -v nvcc >/dev/null 2>&1; then
   echo "skipped: CUDA compile (no nvcc on this machine)"
-elif ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h >/dev/null 2>&1; then
+elif [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
   echo "skipped: CUDA compile (no NCCL headers: the NVLink path needs NCCL >= 2.28.3)"
 else
   cmake --workflow --preset ci-cuda-compile
