@@ -25,6 +25,8 @@
 //  - `error` is sticky: the first non-ok status either side hits; readers use acquire.
 // On the host these are std::atomic_ref operations; in device code (only under __CUDA_ARCH__)
 // they are ld.acquire.sys / st.release.sys, which order against the host through mapped memory.
+// (The switch is __CUDA_ARCH__, not RECCL_DEVICE_COMPILE: the latter is also 1 in nvcc's host
+// pass, where the host compiler's std::atomic_ref is the right tool.)
 //
 // Stalls: a producer that finds the ring full polls again; each unsuccessful poll is one stall,
 // added to the queue's `stalls` counter (the same counting as a transport wait). A full queue is
@@ -38,11 +40,9 @@
 #include "../config.hpp"
 #include "../types.hpp"
 
-#if !defined(__CUDA_ARCH__)
-#  include <atomic>
-#  include <chrono>
-#  include <memory>
-#endif
+#include <atomic>
+#include <chrono>
+#include <memory>
 
 namespace reccl::proxy {
 
@@ -288,7 +288,6 @@ struct work_queue_view {
 };
 static_assert(std::is_trivially_copyable_v<work_queue_view>);
 
-#if !defined(__CUDA_ARCH__)
 /// Owns one queue in plain host memory (tests, CPU producers). The host runtime allocates the same
 /// layout with cudaHostAlloc(cudaHostAllocMapped) when a kernel produces.
 class work_queue {
@@ -308,6 +307,5 @@ class work_queue {
   std::unique_ptr<queue_control> ctl_;
   std::uint32_t capacity_ = 0;
 };
-#endif
 
 }  // namespace reccl::proxy
