@@ -32,6 +32,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <thread>
 #include <typeinfo>
@@ -82,7 +83,28 @@ struct worker_report {
   block_outcome blk{};
   std::uint64_t elapsed_ns = 0;
   M tel{};
+  std::string thrown;  ///< what() of an exception a worker thread caught (blk.st is then internal)
 };
+
+/// Runs f() on a worker thread; an exception (e.g. bad_alloc) becomes status::internal in `r`
+/// instead of std::terminate, so the caller gets a reccl::error, never an abort.
+template <class R, class F>
+void guarded(R& r, F&& f) noexcept {
+  try {
+    f();
+  } catch (std::exception const& x) {
+    r.blk.st = status::internal;
+    r.thrown = x.what();
+  } catch (...) {
+    r.blk.st = status::internal;
+    r.thrown = "unknown exception";
+  }
+}
+
+template <class R>
+std::string describe_internal(R const& r) {
+  return r.thrown.empty() ? std::string("schedule plan: ") + r.blk.what : "worker thread threw: " + r.thrown;
+}
 
 /// The recovery record: faults seen while finishing dead VTs' ranges.
 struct recovery_record {
@@ -181,15 +203,18 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   }
   rank_buffers<T> const bufs{input, work, scratch, count, input ? in_len : 0, work_len, scratch_len};
 
+  // Probes of several VTs run at once: VT v probes the block [v, v + 1) * probe_count of buffers
+  // n_vts * probe_count long per segment, so no two probes share memory.
   std::uint64_t const probe_count = std::max<std::uint64_t>(1, cfg.probe_bytes / sizeof(T));
+  std::uint64_t const probe_total = probe_count * static_cast<std::uint64_t>(cfg.n_vts);
   rank_buffers<T> pbufs{};
   if (probes != 0) {
-    auto seg = [&](schedule::buffer b) { return static_cast<std::uint64_t>(s.segments(b)) * probe_count; };
+    auto seg = [&](schedule::buffer b) { return static_cast<std::uint64_t>(s.segments(b)) * probe_total; };
     T* pin = detail::grow<T>(rs.probe_input, seg(schedule::buffer::input));
     std::memset(static_cast<void*>(pin), 0, seg(schedule::buffer::input) * sizeof(T));
     pbufs = {pin, detail::grow<T>(rs.probe_work, seg(schedule::buffer::work)),
              seg(schedule::buffer::scratch) ? detail::grow<T>(rs.probe_scratch, seg(schedule::buffer::scratch)) : nullptr,
-             probe_count, seg(schedule::buffer::input), seg(schedule::buffer::work), seg(schedule::buffer::scratch)};
+             probe_total, seg(schedule::buffer::input), seg(schedule::buffer::work), seg(schedule::buffer::scratch)};
   }
 
   // -- data phase: arrival, blocks, probes
@@ -198,8 +223,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
                                static_cast<std::uint8_t>(reduces(Kind) ? op : redop::sum), 0};
   std::atomic<bool> probe_abort{false};
   detail::worker_report<M> rep[max_vts];
-  auto worker = [&](int vt, bool probe) {
-    tighten_timer_slack();
+  auto worker_body = [&](int vt, bool probe) {
     auto& r = rep[vt];
     struct mark_finished {
       std::atomic<bool>& f;
@@ -230,7 +254,8 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     std::uint64_t const t0 = now_ns();
     transport::cpu_threads::handle const h{&comm.fab(), rank, e, abort};
     block_executor<T, S> ex(s, h, vt, op, probe ? pbufs : bufs, cfg.wait_timeout_ns, abort);
-    schedule::block const blk = probe ? schedule::block{0, probe_count} : schedule::block{sp.offset(vt), sp.offset(vt) + sp.count[vt]};
+    std::uint64_t const pb = static_cast<std::uint64_t>(vt) * probe_count;
+    schedule::block const blk = probe ? schedule::block{pb, pb + probe_count} : schedule::block{sp.offset(vt), sp.offset(vt) + sp.count[vt]};
     ex.run(blk, r.blk);
     r.elapsed_ns = now_ns() - t0;
     if (!probe) {
@@ -240,6 +265,10 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
       r.tel.add_stalls(vt, cfg.count_data_waits ? all_waits : r.blk.stalls);
       r.tel.add_bytes(vt, r.blk.bytes);
     }
+  };
+  auto worker = [&](int vt, bool probe) {
+    tighten_timer_slack();
+    detail::guarded(rep[vt], [&] { worker_body(vt, probe); });
   };
   {
     std::vector<std::jthread> data, probing;
@@ -290,7 +319,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
                std::to_string(rank) + "'s VT " + std::to_string(vt) + " waited " +
                std::to_string(cfg.arrival_timeout_ns / 1'000'000) + " ms for it",
            r.other_rank, vt);
-    if (r.blk.st == status::internal) fail(status::internal, std::string("schedule plan: ") + r.blk.what, rank, vt);
+    if (r.blk.st == status::internal) fail(status::internal, detail::describe_internal(r), rank, vt);
   }
   M tel{};
   std::uint32_t fault_mask = 0, probe_ok = 0;
@@ -330,8 +359,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     for (int vt = 0, k = 0; vt < cfg.n_vts; ++vt)
       if ((live >> vt) & 1u) live_ids[k++] = vt;
     detail::worker_report<M> rrep[max_vts];
-    auto rworker = [&](int k) {
-      tighten_timer_slack();
+    auto rworker_body = [&](int k) {
       int const vt = live_ids[k];
       transport::cpu_threads::handle const h{&comm.fab(), rank, e, &comm.failed_flag()};
       block_executor<T, S> ex(s, h, vt, op, bufs, cfg.wait_timeout_ns, &comm.failed_flag());
@@ -345,6 +373,10 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
       }
       rrep[vt].elapsed_ns = now_ns() - t0;
     };
+    auto rworker = [&](int k) {
+      tighten_timer_slack();
+      detail::guarded(rrep[live_ids[k]], [&] { rworker_body(k); });
+    };
     {
       std::vector<std::jthread> ts;
       for (int k = 0; k < n_live; ++k) ts.emplace_back(rworker, k);
@@ -352,7 +384,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     detail::recovery_record rmine{e, 0}, rall[max_ranks];
     for (int vt = 0; vt < cfg.n_vts; ++vt) {
       if (!((live >> vt) & 1u)) continue;
-      if (rrep[vt].blk.st == status::internal) fail(status::internal, std::string("schedule plan: ") + rrep[vt].blk.what, rank, vt);
+      if (rrep[vt].blk.st == status::internal) fail(status::internal, detail::describe_internal(rrep[vt]), rank, vt);
       if (rrep[vt].blk.st != status::ok) {
         rmine.faults |= 1u << vt;
         res.faults.push_back({e, vt, rank, rrep[vt].blk.peer, rrep[vt].blk.step, rrep[vt].blk.on_credit, true});
