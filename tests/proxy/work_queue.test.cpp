@@ -83,15 +83,18 @@ TEST_CASE("work_queue: a producer thread and a consumer thread keep order") {
   constexpr std::uint64_t n = 50'000;
   std::thread producer([&] {
     for (std::uint64_t i = 0; i < n; ++i) {
-      push_result const r = v.push(random_request(2, i), clock_ns() + 5'000'000'000ull);
+      push_result const r = v.push(random_request(2, i), clock_ns() + 20'000'000'000ull);
       if (r.st != status::ok) return;
     }
   });
   std::uint64_t got = 0, mismatches = 0;
-  std::uint64_t const deadline = clock_ns() + 5'000'000'000ull;
+  std::uint64_t const deadline = clock_ns() + 20'000'000'000ull;
   while (got < n && clock_ns() < deadline) {
     work_request r;
-    if (!v.try_pop(r)) continue;
+    if (!v.try_pop(r)) {
+      std::this_thread::yield();
+      continue;
+    }
     if (!same(r, random_request(2, got))) ++mismatches;
     ++got;
     if (got % 1000 == 0) v.mark_completed(got);
@@ -139,7 +142,8 @@ TEST_CASE("work_queue: a stalled push succeeds once the consumer frees a slot") 
   push_result const r = v.push(make_signal(1, 5, 11), clock_ns() + 2'000'000'000);
   consumer.join();
   CHECK(r.st == status::ok);
-  CHECK(r.spins > 0);
+  // Usually r.spins > 0, but a producer descheduled for the consumer's 10 ms finds room at once:
+  // on a loaded machine only the bookkeeping is certain.
   CHECK(v.stalls() == r.spins);
   work_request out;
   REQUIRE(v.try_pop(out));
@@ -163,7 +167,7 @@ TEST_CASE("work_queue: flush waits for completions and is bounded") {
   push_result const r = v.flush(clock_ns() + 2'000'000'000);
   consumer.join();
   CHECK(r.st == status::ok);
-  CHECK(r.spins > 0);
+  CHECK(v.flush(clock_ns()).st == status::ok);  // completed == published now: one poll suffices
   v.fail(status::internal);
   CHECK(v.wait_completed(4, clock_ns() + 1'000'000'000).st == status::internal);
 }

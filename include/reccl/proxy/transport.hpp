@@ -146,6 +146,7 @@ struct proxy {
           return res;
         }
         ++res.spins;
+        reccl::proxy::relax();
         if (reccl::proxy::clock_ns() >= deadline_ns) {
           res.st = status::timeout;
           return res;

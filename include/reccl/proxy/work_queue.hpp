@@ -43,6 +43,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <thread>
 
 namespace reccl::proxy {
 
@@ -179,6 +180,14 @@ RECCL_HOST_DEVICE status get_error(std::uint32_t const* p) {
 #endif
 }
 
+/// Between two unsuccessful polls: nothing on the device; on the host a yield, so a spinning
+/// producer or waiter does not starve the thread it waits for on an oversubscribed CPU.
+RECCL_HOST_DEVICE void relax() {
+#if !defined(__CUDA_ARCH__)
+  std::this_thread::yield();
+#endif
+}
+
 /// Nanosecond clock the deadlines use: std::chrono::steady_clock on the host, %globaltimer on the
 /// device. A producer and the proxy compare deadlines only against their own clock.
 RECCL_HOST_DEVICE std::uint64_t clock_ns() {
@@ -231,6 +240,7 @@ struct work_queue_view {
       }
       if (try_push(r)) break;
       ++res.spins;
+      relax();
       if (clock_ns() >= deadline_ns) {
         set_error(&ctl->error, status::timeout);
         res.st = status::timeout;
@@ -256,6 +266,7 @@ struct work_queue_view {
         break;
       }
       ++res.spins;
+      relax();
       if (clock_ns() >= deadline_ns) {
         res.st = status::timeout;
         break;
