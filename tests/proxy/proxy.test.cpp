@@ -344,3 +344,83 @@ TEST_CASE("proxy: the CPU engine's credit-based slot protocol runs unchanged ove
   CHECK(w.proxies[1]->error() == status::ok);
   MESSAGE("sender queue stalls: " << w.views[0][0].stalls());
 }
+
+// -- a backend whose operations complete asynchronously: completion and stop semantics.
+
+namespace {
+
+// Completes each operation `delay` progress calls after it started; `stuck` never completes.
+struct deferred_backend {
+  int delay = 3;
+  bool stuck = false;
+  bool fail_progress = false;
+  std::vector<int> pending;  // progress calls left per operation in flight
+  std::uint64_t started = 0;
+
+  status start() {
+    pending.push_back(delay);
+    ++started;
+    return status::ok;
+  }
+  status put(work_request const&) { return start(); }
+  status signal(work_request const&) { return start(); }
+  status get(work_request const&) { return start(); }
+  poll_result poll_completions() {
+    if (fail_progress) return {status::internal, pending.size()};
+    if (!stuck)
+      for (int& p : pending) --p;
+    std::erase_if(pending, [](int p) { return p <= 0; });
+    return {status::ok, pending.size()};
+  }
+};
+static_assert(Backend<deferred_backend>);
+
+}  // namespace
+
+TEST_CASE("proxy: a queue's requests count as completed only once the backend finished them") {
+  work_queue q(8);
+  work_queue_view const v = q.view();
+  deferred_backend b;
+  reccl::proxy::proxy<deferred_backend> p(b, std::span(&v, 1));
+  REQUIRE(v.try_push(make_put(1, 0, 0, 8)));
+  REQUIRE(v.try_push(make_put_with_signal(1, 0, 0, 8, 0, 1)));
+  CHECK(p.run_once());  // takes both, starts 3 operations
+  CHECK(b.started == 3);
+  CHECK(v.flush(clock_ns()).st == status::timeout);  // 3 progress calls needed, 1 made
+  p.run_once();
+  CHECK(v.flush(clock_ns()).st == status::timeout);
+  p.run_once();
+  CHECK(v.flush(clock_ns()).st == status::ok);
+  CHECK(p.error() == status::ok);
+}
+
+TEST_CASE("proxy: stop gives up on a backend that never completes, with a timeout error") {
+  work_queue q(8);
+  work_queue_view const v = q.view();
+  deferred_backend b;
+  b.stuck = true;
+  proxy_config cfg;
+  cfg.drain_timeout_ns = 20'000'000;
+  reccl::proxy::proxy<deferred_backend> p(b, std::span(&v, 1), cfg);
+  p.start();
+  REQUIRE(v.try_push(make_signal(1, 0, 1)));
+  std::uint64_t const t0 = clock_ns();
+  p.stop();
+  CHECK(clock_ns() - t0 < 5 * second);
+  CHECK(p.error() == status::timeout);
+  CHECK(p.error_message().find("outstanding") != std::string::npos);
+  CHECK(v.flush(clock_ns() + second).st == status::timeout);  // the queue's error: no hang
+}
+
+TEST_CASE("proxy: a failing backend fails every queue") {
+  work_queue q0(4), q1(4);
+  work_queue_view const v[2] = {q0.view(), q1.view()};
+  deferred_backend b;
+  b.fail_progress = true;
+  reccl::proxy::proxy<deferred_backend> p(b, std::span(v, 2));
+  p.run_once();
+  CHECK(p.error() == status::internal);
+  CHECK(v[0].error() == status::internal);
+  CHECK(v[1].error() == status::internal);
+  CHECK(v[1].push(make_signal(0, 0, 1), clock_ns() + second).st == status::internal);
+}

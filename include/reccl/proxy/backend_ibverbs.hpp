@@ -76,6 +76,7 @@ struct ib_endpoint {
   std::uint64_t window_addr = 0;
   std::uint64_t window_bytes = 0;
   std::uint32_t window_rkey = 0;
+  std::uint32_t n_flags = 0;  ///< must be the same on every rank (flag indices name the peer's flags)
   std::uint32_t psn = 0;
   std::uint16_t lid = 0;
   std::uint8_t gid[16] = {};
@@ -279,6 +280,8 @@ class ibverbs_backend {
       if (e.magic != ib_endpoint_magic) return fail(status::mismatch, "rank " + std::to_string(i) + " failed to open its device");
       if (e.nranks != static_cast<std::uint32_t>(nranks_))
         return fail(status::mismatch, "rank " + std::to_string(i) + " reports another rank count");
+      if (e.n_flags != mine_.n_flags)
+        return fail(status::mismatch, "rank " + std::to_string(i) + " reports another flag count");
     }
     peers_.assign(all.begin(), all.end());
     for (int p = 0; p < nranks_; ++p) {
@@ -355,6 +358,7 @@ class ibverbs_backend {
     me.window_addr = reinterpret_cast<std::uint64_t>(mine_.window);
     me.window_bytes = mine_.window_bytes;
     me.window_rkey = mr_->rkey;
+    me.n_flags = mine_.n_flags;
     me.nranks = static_cast<std::uint32_t>(nranks_);
     me.magic = ib_endpoint_magic;
     return status::ok;

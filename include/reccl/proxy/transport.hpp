@@ -16,8 +16,9 @@
 //  - put is asynchronous: `src` must lie in this rank's window (stage data in a send area), and its
 //    bytes may be reused only after flush(vt) or after the peer's answer (e.g. a credit) arrived;
 //  - a put or signal that cannot be queued before push_timeout_ns, or that is malformed, marks the
-//    VT's queue failed (sticky): the proxy discards its later requests and every wait on that VT
-//    returns the error at once, so a fault surfaces as a timeout, never as a hang;
+//    VT's queue failed (sticky): the proxy discards its later requests and every wait of this rank
+//    on that VT returns the error at once; the peers' waits end at their deadlines. A fault
+//    surfaces as an error or a timeout, never as a hang;
 //  - stalls: a full queue is a stall (queue_control::stalls, per VT), as is every unsuccessful
 //    poll of a wait (wait_result::spins).
 #pragma once
