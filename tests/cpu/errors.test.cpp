@@ -72,6 +72,20 @@ TEST_CASE("VT count 0, too many VTs, bad rank count: the communicator refuses to
   CHECK_THROWS_AS(cpu::communicator{c}, reccl::error);
 }
 
+TEST_CASE("a poll quantum the fixed-point cost model cannot price is refused, unless alpha is given") {
+  cpu::config c = small(2, 2);
+  c.poll_quantum_ns = 100'000;  // 100 us in Q24 ns is above cost_model_q::coef_limit
+  try {
+    cpu::communicator comm(c);
+    FAIL("expected an error");
+  } catch (reccl::error const& e) {
+    CHECK(e.code() == status::invalid_argument);
+    CHECK(contains(e.what(), "poll quantum"));
+  }
+  c.model.alpha = std::uint64_t{60'000} << telemetry::cost_model_q::frac_bits;
+  CHECK_NOTHROW(cpu::communicator{c});
+}
+
 TEST_CASE("null buffers are invalid_argument (but fine with count 0, and off the broadcast root)") {
   cpu::communicator comm(small(2, 2));
   std::vector<float> buf(16, 1.0f);

@@ -46,7 +46,7 @@ struct config {
   int n_vts = 1;
   int slots = 4;                              ///< FIFO depth per link
   std::size_t slot_bytes = 16384;             ///< bytes per FIFO slot (multiple of 16)
-  std::uint64_t poll_quantum_ns = 100'000;    ///< one stall = one quantum of waiting (100 us)
+  std::uint64_t poll_quantum_ns = 50'000;     ///< one stall = one quantum of waiting (50 us; at most 65,536 ns when model.alpha is derived from it)
   std::uint64_t wait_timeout_ns = 500'000'000;     ///< a VT that moves nothing this long is dead
   std::uint64_t arrival_timeout_ns = 10'000'000'000;  ///< a rank that does not arrive this long is lost
   std::uint64_t sync_timeout_ns = 60'000'000'000;     ///< a rank that does not report this long is lost
@@ -223,7 +223,12 @@ class communicator {
     for (auto const& f : cfg_.faults.faults)
       if (f.vt < 0 || f.vt >= cfg_.n_vts || f.src_rank >= cfg_.nranks)
         bad("fault plan names VT " + std::to_string(f.vt) + " / rank " + std::to_string(f.src_rank) + " outside the communicator");
-    if (cfg_.model.alpha == 0) cfg_.model.alpha = cfg_.poll_quantum_ns << telemetry::cost_model_q::frac_bits;
+    if (cfg_.model.alpha == 0) {
+      // α in Q24 ns must stay within cost_model_q::coef_limit, or the model would clamp it silently.
+      if ((cfg_.poll_quantum_ns << telemetry::cost_model_q::frac_bits) > telemetry::cost_model_q::coef_limit)
+        bad("a poll quantum above 65,536 ns cannot price a stall in the fixed-point cost model: lower it or set model.alpha");
+      cfg_.model.alpha = cfg_.poll_quantum_ns << telemetry::cost_model_q::frac_bits;
+    }
     fab_ = std::make_unique<fabric>(
         fabric_config{cfg_.nranks, cfg_.n_vts, cfg_.slots, cfg_.slot_bytes, cfg_.poll_quantum_ns, cfg_.virtual_time},
         cfg_.faults);
