@@ -90,9 +90,11 @@ struct control {
     return has_next_model && next_model.from_epoch <= epoch ? next_model : model;
   }
 
-  /// Digest (the record checksum's hash) of everything step() reads besides the records: epoch,
-  /// shares, mask, probe bookkeeping, the model for this epoch. Equal on every rank that will
-  /// compute the same split.
+  /// Digest (the record checksum's hash) of the state step() reads besides the records: epoch,
+  /// shares, mask, probe bookkeeping, the model for this epoch. Not covered: the allocator's
+  /// tunables and control_config (probe interval, rejoin share), which every rank must configure
+  /// alike (they are compile-time or creation-time choices). Equal on every rank that will compute
+  /// the same split from the same configuration.
   RECCL_HOST_DEVICE constexpr std::uint64_t digest() const {
     std::uint64_t h = detail::hash_seed;
     h = detail::hash_word(h, epoch);

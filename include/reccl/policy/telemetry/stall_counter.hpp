@@ -2,7 +2,9 @@
 //
 //   VT i:  sender ──data──▶ FIFO slots ──▶ receiver
 //                 ◀─credit──
-//          FIFO full: the sender polls; each failed poll is one stall  ──▶ stall_counts[i] += spins
+//          FIFO full: the sender waits; each unit of waiting is a stall ──▶ stall_counts[i] += stalls
+//          (the transport defines the unit: one failed poll of a spin loop, or, on the CPU engine,
+//          one poll quantum of waiting time, waits for data included by default)
 //          each finished chunk                                         ──▶ byte_counts[i]  += bytes
 //
 // The stall count covers every hop of the VT's path (NVLink, PCIe, NIC, switch): whichever one is
