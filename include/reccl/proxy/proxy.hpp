@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <mutex>
@@ -166,7 +167,7 @@ class proxy {
   }
 
   // The proxy's error and message are set before the queue's error word, so a producer that sees
-  // its queue failed also sees why.
+  // its queue failed also sees why. Runs on the proxy's thread only (or run_once's caller).
   void record(status st, std::string const& what, std::size_t q) {
     if (error_.load(std::memory_order_relaxed) == 0) {
       std::lock_guard<std::mutex> lock(mu_);
