@@ -1,6 +1,6 @@
 # Sourced by the scripts: installs the Debian packages reccl's build needs, only those missing.
 reccl_install_deps() {
-  local pkgs=(cmake ninja-build g++ doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libbenchmark-dev)
+  local pkgs=(cmake ninja-build g++ doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libbenchmark-dev libibverbs-dev)
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,8 @@
 // reccl/reccl.hpp -- umbrella header for everything a host C++20 compiler builds: vocabulary,
 // concepts, every policy (schedules, allocators, telemetry, epochs and the control loop), the
-// composed collective type and the CPU engine. The NVLink path (kernels and the NCCL host runtime)
-// needs nvcc and NCCL and lives under reccl/device and reccl/host.
+// composed collective type, the CPU engine, the pool and the host-proxy transport. Included on
+// their own: the InfiniBand verbs backend (reccl/proxy/backend_ibverbs.hpp, needs libibverbs) and
+// the NVLink path (reccl/device, reccl/host: needs nvcc and NCCL).
 #pragma once
 
 #include "config.hpp"
@@ -32,3 +33,7 @@
 #include "collective.hpp"
 #include "cpu/communicator.hpp"
 #include "host/pool.hpp"
+#include "proxy/backend_host.hpp"
+#include "proxy/proxy.hpp"
+#include "proxy/transport.hpp"
+#include "proxy/work_queue.hpp"
