@@ -548,3 +548,16 @@ TEST_CASE("shutdown releases every shape, the active one included, and is idempo
     CHECK(pool.shutdown().records.size() == 2);
   });
 }
+
+TEST_CASE("an agreement round that times out breaks the agreement for every rank, for good") {
+  cpu::pool_world w(2, std::chrono::milliseconds(50));
+  std::uint64_t got[2] = {};
+  cpu::run_threads(2, [&](int r) { got[r] = w.all_max(r, r == 0 ? 3 : 7); });
+  CHECK(got[0] == 7);
+  CHECK(got[1] == 7);
+  // rank 1 never comes to the next round: rank 0 times out ...
+  CHECK_THROWS_AS(w.all_max(0, 1), reccl::error);
+  // ... and the half-counted round is not resumed by a late rank, nor by a new round
+  CHECK_THROWS_AS(w.all_max(1, 9), reccl::error);
+  CHECK_THROWS_AS(w.all_max(0, 9), reccl::error);
+}

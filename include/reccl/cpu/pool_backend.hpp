@@ -71,9 +71,15 @@ class pool_world {
   int size() const { return n_; }
 
   /// Max of v over every rank (each rank calls it once per round, rounds in the same order).
-  /// Throws reccl::error(timeout) if a rank does not arrive within the agreement timeout.
+  /// Throws reccl::error(timeout) if a rank does not arrive within the agreement timeout; the
+  /// agreement is then broken for good (a half-counted round cannot be resumed), so every later
+  /// call on any rank throws at once.
   std::uint64_t all_max(int rank, std::uint64_t v) {
     std::unique_lock lk(m_);
+    auto broken = [&] {
+      return error(status::timeout, "pool agreement: a rank did not arrive within the timeout in an earlier round", rank);
+    };
+    if (broken_) throw broken();
     std::uint64_t const gen = gen_;
     acc_ = arrived_ == 0 ? v : std::max(acc_, v);
     if (++arrived_ == n_) {
@@ -83,8 +89,12 @@ class pool_world {
       cv_.notify_all();
       return result_;
     }
-    if (!cv_.wait_for(lk, agree_timeout_, [&] { return gen_ != gen; }))
+    if (!cv_.wait_for(lk, agree_timeout_, [&] { return gen_ != gen || broken_; })) {
+      broken_ = true;
+      cv_.notify_all();
       throw error(status::timeout, "pool agreement: not every rank arrived within the timeout", rank);
+    }
+    if (gen_ == gen) throw broken();
     return result_;  // valid until the next round completes, which needs this rank again
   }
 
@@ -130,6 +140,7 @@ class pool_world {
   std::condition_variable cv_;
   std::uint64_t gen_ = 0, acc_ = 0, result_ = 0;
   int arrived_ = 0;
+  bool broken_ = false;  ///< a round timed out: the agreement cannot be trusted again
   std::map<std::pair<std::uint64_t, int>, entry> groups_;
   std::vector<std::atomic<std::uint64_t>> bytes_;
   mutable std::mutex log_m_;
