@@ -232,9 +232,10 @@ TEST_CASE("step counts and degenerate sizes") {
   CHECK(one_shot(make(collective::all_to_all, 9)).num_steps() == 1);
   CHECK(two_shot(make(collective::all_reduce, 9)).num_steps() == 2);
   CHECK(two_shot(make(collective::all_reduce, 1)).num_steps() == 1);
-  CHECK(multirail_broadcast(make(collective::broadcast, 16, 0, 1, 8)).num_steps() == 3);
-  CHECK(multirail_broadcast(make(collective::broadcast, 8, 0, 1, 8)).num_steps() == 2);  // one node
-  CHECK(multirail_broadcast(make(collective::broadcast, 8, 0, 1, 0)).num_steps() == 2);  // one node
+  // pipelined: piece p is scattered in step p, crosses the rails in step p+1, is all-gathered in p+2
+  CHECK(multirail_broadcast(make(collective::broadcast, 16, 0, 1, 8)).num_steps() == multirail_broadcast::pipeline_chunks + 2);
+  CHECK(multirail_broadcast(make(collective::broadcast, 8, 0, 1, 8)).num_steps() == multirail_broadcast::pipeline_chunks + 1);  // one node
+  CHECK(multirail_broadcast(make(collective::broadcast, 8, 0, 1, 0)).num_steps() == multirail_broadcast::pipeline_chunks + 1);  // one node
   CHECK(multirail_broadcast(make(collective::broadcast, 8, 0, 1, 1)).num_steps() == 1);  // G = 1: direct
   CHECK(multirail_broadcast(make(collective::broadcast, 1)).num_steps() == 1);
   // G = 1 is the one-shot broadcast: the root sends the whole block to everyone in one step
@@ -296,7 +297,7 @@ TEST_CASE("multirail_broadcast: each rail of the root's node carries only its ow
               if (r == root) root_sent += len;
               if (o.peer / g == r / g) return;
               CHECK(r / g == root / g);  // only the root's node sends across nodes
-              CHECK(o.chunk == r % g);   // local rank l carries share l
+              CHECK(o.chunk / s.pieces() == r % g);   // local rank l carries (pieces of) share l
               cross[r] += len;
             });
         std::uint64_t total = 0, most = 0;
