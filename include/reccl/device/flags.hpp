@@ -40,21 +40,48 @@ struct deadline_clock {
   }
 };
 
-/// Spin until *flag >= target (acquire). Returns false on timeout (after raising it) or when the
-/// lane already holds an error. `spins` counts unsuccessful polls (stall telemetry).
-RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, deadline_clock& deadline,
-                                std::uint32_t* status_word, std::uint64_t& spins) {
+/// When a spinning wait stops without its condition: a guard's give_up() is asked every
+/// deadline_check_period polls and returns true to stop the wait (the wait then returns false).
+///
+/// lane_guard is the rule of every plain kernel: stop when the CTA aborted (another warp failed),
+/// when the lane holds an error raised elsewhere, or at the lane's deadline, which it records as
+/// status::timeout (sticky: the lane is failed). The adaptive kernels add guards that end a wait
+/// as a VT fault instead (device/adaptive/guards.hpp).
+struct lane_guard {
+  deadline_clock* clock = nullptr;
+  std::uint32_t* status_word = nullptr;
+  int const* cta_abort = nullptr;  ///< optional: a shared-memory flag set by a failed warp of the CTA
+  static constexpr std::uint32_t period = deadline_check_period;  ///< polls between two give_up() calls
+  RECCL_DEVICE void begin() {}     ///< a new wait starts (the lane's deadline spans all of them)
+  RECCL_DEVICE bool give_up() const {
+    if (cta_abort != nullptr && *static_cast<volatile int const*>(cta_abort)) return true;
+    if (read_status(status_word) != 0) return true;
+    if (clock->expired()) {
+      raise_status(status_word, status::timeout);
+      return true;
+    }
+    return false;
+  }
+};
+
+/// Spin until *flag >= target (acquire). Returns false when the guard gives up. `spins` counts
+/// unsuccessful polls (stall telemetry).
+template <class Guard>
+RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, Guard& guard, std::uint64_t& spins) {
+  guard.begin();
   for (std::uint32_t k = 1;; ++k) {
     if (load_acquire_sys(flag) >= target) return true;
     ++spins;
-    if (k % deadline_check_period == 0) {
-      if (read_status(status_word) != 0) return false;
-      if (deadline.expired()) {
-        raise_status(status_word, status::timeout);
-        return false;
-      }
-    }
+    if (k % Guard::period == 0 && guard.give_up()) return false;
   }
+}
+
+/// wait_at_least under the lane's deadline: false on timeout (after raising it) or when the lane
+/// already holds an error.
+RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, deadline_clock& deadline,
+                                std::uint32_t* status_word, std::uint64_t& spins) {
+  lane_guard g{&deadline, status_word, nullptr};
+  return wait_at_least(flag, target, g, spins);
 }
 
 /// Ready flags of the pipelined engine: the chunk sequence in the low 48 bits, a 16-bit fold of the
@@ -65,10 +92,13 @@ RECCL_DEVICE std::uint64_t ready_word(std::uint64_t seq, std::uint32_t desc) {
 }
 
 /// Spin until the sequence in *flag reaches `target`. When it equals `target` exactly, the
-/// descriptor fold must match ours (a larger value belongs to a later chunk, maybe a later call).
-RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, deadline_clock& deadline,
+/// descriptor fold must match ours (a larger value belongs to a later chunk, maybe a later call);
+/// a mismatch is raised on `status_word` and ends the wait.
+template <class Guard>
+RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, Guard& guard,
                              std::uint32_t* status_word, std::uint64_t& spins) {
   std::uint64_t const want = ready_word(target, desc);
+  guard.begin();
   for (std::uint32_t k = 1;; ++k) {
     std::uint64_t const w = load_acquire_sys(flag);
     std::uint64_t const s = w & ready_seq_mask;
@@ -80,14 +110,13 @@ RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, st
       return true;
     }
     ++spins;
-    if (k % deadline_check_period == 0) {
-      if (read_status(status_word) != 0) return false;
-      if (deadline.expired()) {
-        raise_status(status_word, status::timeout);
-        return false;
-      }
-    }
+    if (k % Guard::period == 0 && guard.give_up()) return false;
   }
+}
+RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, deadline_clock& deadline,
+                             std::uint32_t* status_word, std::uint64_t& spins) {
+  lane_guard g{&deadline, status_word, nullptr};
+  return wait_ready(flag, target, desc, g, status_word, spins);
 }
 
 /// Barrier word: epoch in the high half, descriptor hash in the low half.

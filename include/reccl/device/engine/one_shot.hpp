@@ -24,20 +24,28 @@ namespace reccl::device {
 /// Packs per thread the one-shot kernel keeps in flight (slot capacity <= unroll * CTA threads).
 inline constexpr int one_shot_unroll = 4;
 
-/// Poll a Lamport slot pack until it has arrived. Returns false on deadline or abort.
-RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, deadline_clock& deadline, int const* abort_flag,
-                               std::uint32_t* st) {
+/// Poll a Lamport slot pack until it has arrived. Returns false when the guard gives up. `spins`
+/// counts unsuccessful polls (stall telemetry).
+template <class Guard>
+RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, Guard& guard, std::uint64_t& spins) {
+  guard.begin();
   for (std::uint32_t s = 1;; ++s) {
     x = load_pack_relaxed_sys(p);
     if (lamport_arrived(x)) return true;
-    if (s % deadline_check_period == 0) {
-      if (*static_cast<volatile int const*>(abort_flag) || read_status(st) != 0) return false;
-      if (deadline.expired()) {
-        raise_status(st, status::timeout);
-        return false;
-      }
-    }
+    ++spins;
+    if (s % Guard::period == 0 && guard.give_up()) return false;
   }
+}
+template <class Guard>
+RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, Guard& guard) {
+  std::uint64_t spins = 0;
+  return lamport_poll(p, x, guard, spins);
+}
+/// lamport_poll under the lane's deadline: false on timeout (raised), abort or a lane error.
+RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, deadline_clock& deadline, int const* abort_flag,
+                               std::uint32_t* st) {
+  lane_guard g{&deadline, st, abort_flag};
+  return lamport_poll(p, x, g);
 }
 
 template <class T>
