@@ -22,8 +22,15 @@
 // never arrives) are recorded in the lane's status word within the configured timeout; status() and
 // check() read it. After a device-side error the lane stays failed: rebuild the communicator.
 //
+// Loopback (create_loopback): N ranks on ONE GPU, driven from one thread, for testing and developing
+// on a single-GPU machine. The scratch windows and registered buffers are plain cudaMalloc memory of
+// that GPU and every "peer" pointer is simply another rank's allocation, so the same kernels, flags,
+// deadlines and graph capture run unchanged; only the link is the GPU's own memory, so its timings
+// say nothing about NVLink. Ranks' kernels must run concurrently: each rank needs its own stream,
+// PDL is off, and max_ctas is capped at SMs / N so that every rank's grid is resident at once.
+//
 // Teardown (destructor): device synchronise -> ncclDevCommDestroy -> deregister each window ->
-// ncclMemFree. Destroy the reccl communicator before ncclCommFinalize/ncclCommDestroy of the NCCL
+// ncclMemFree (loopback: cudaFree). Destroy the reccl communicator before ncclCommFinalize/ncclCommDestroy of the NCCL
 // communicator it was built on, and only once no rank still runs a collective on it.
 #pragma once
 
@@ -178,6 +185,29 @@ class nvlink_communicator {
     return out;
   }
 
+  /// `nranks` ranks on GPU `device` (see "Loopback" in the file comment). max_ctas is capped at
+  /// SMs / nranks and PDL is turned off. No NCCL communicator is involved; nccl() returns nullptr.
+  static std::vector<nvlink_communicator> create_loopback(int nranks, int device = 0, nvlink_config cfg = {}) {
+    if (nranks < 1 || nranks > device::max_lsa)
+      throw error(status::invalid_argument, "create_loopback: ranks must be in [1, " + std::to_string(device::max_lsa) + "]");
+    int ndev = 0;
+    RECCL_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    if (device < 0 || device >= ndev) throw error(status::invalid_argument, "create_loopback: no such CUDA device");
+    int sms = 0;
+    RECCL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int const cap = sms / nranks;
+    if (cap < 1) throw error(status::invalid_argument, "create_loopback: fewer SMs than ranks");
+    if (cfg.max_ctas > cap) cfg.max_ctas = cap;
+    cfg.pdl = false;
+    check_config(cfg);
+    std::vector<nvlink_communicator> out;
+    out.reserve(static_cast<std::size_t>(nranks));
+    for (int r = 0; r < nranks; ++r) out.push_back(nvlink_communicator(r, nranks, device, cfg));
+    for (auto& c : out)
+      for (int r = 0; r < nranks; ++r) c.s_->scratch_peers[r] = static_cast<char*>(out[static_cast<std::size_t>(r)].s_->scratch);
+    return out;
+  }
+
   nvlink_communicator(nvlink_communicator&&) noexcept = default;
   nvlink_communicator& operator=(nvlink_communicator&&) noexcept = default;
   nvlink_communicator(nvlink_communicator const&) = delete;
@@ -187,7 +217,9 @@ class nvlink_communicator {
   int rank() const { return s_->rank; }
   int size() const { return s_->nranks; }
   int device() const { return s_->dev; }
+  /// The NCCL communicator this was built on (nullptr for a loopback communicator).
   ncclComm_t nccl() const { return s_->comm; }
+  bool loopback() const { return s_->loopback; }
   nvlink_config const& config() const { return s_->cfg; }
 
   // ---- registered (zero-copy) buffers --------------------------------------------------------
@@ -199,6 +231,7 @@ class nvlink_communicator {
   /// allocate() for several communicators driven by one thread (NCCL calls grouped).
   static std::vector<void*> allocate_all(std::vector<nvlink_communicator*> const& comms, std::size_t bytes) {
     if (bytes == 0) throw error(status::invalid_argument, "allocate: size 0");
+    if (!comms.empty() && comms.front()->loopback()) return allocate_loopback(comms, bytes);
     std::vector<detail::registered_buffer> bufs(comms.size());
     for (std::size_t i = 0; i < comms.size(); ++i) {
       comms[i]->set_device();
@@ -232,8 +265,12 @@ class nvlink_communicator {
       if (b[i].base == p) {
         set_device();
         RECCL_CUDA_CHECK(cudaDeviceSynchronize());
-        RECCL_NCCL_CHECK(s_->comm, ncclCommWindowDeregister(s_->comm, b[i].win));
-        RECCL_NCCL_CHECK(s_->comm, ncclMemFree(b[i].base));
+        if (s_->loopback) {
+          RECCL_CUDA_CHECK(cudaFree(b[i].base));
+        } else {
+          RECCL_NCCL_CHECK(s_->comm, ncclCommWindowDeregister(s_->comm, b[i].win));
+          RECCL_NCCL_CHECK(s_->comm, ncclMemFree(b[i].base));
+        }
         b.erase(b.begin() + static_cast<std::ptrdiff_t>(i));
         return;
       }
@@ -321,6 +358,7 @@ class nvlink_communicator {
  private:
   struct state {
     ncclComm_t comm = nullptr;
+    bool loopback = false;  ///< create_loopback(): cudaMalloc memory on one GPU, no NCCL
     int rank = 0, nranks = 0, dev = 0;
     nvlink_config cfg{};
     device::lsa_layout L{};
@@ -333,11 +371,18 @@ class nvlink_communicator {
     std::vector<detail::registered_buffer> buffers;
 
     ~state() {
-      if (comm == nullptr) return;
+      if (comm == nullptr && !loopback) return;
       int prev = 0;
       cudaGetDevice(&prev);
       cudaSetDevice(dev);
       cudaDeviceSynchronize();
+      if (loopback) {
+        for (auto& b : buffers) cudaFree(b.base);
+        if (scratch != nullptr) cudaFree(scratch);
+        if (hello_result != nullptr) cudaFree(hello_result);
+        cudaSetDevice(prev);
+        return;
+      }
       if (devcomm_valid) ncclDevCommDestroy(comm, &devcomm);
       for (auto& b : buffers) {
         if (b.win != nullptr) ncclCommWindowDeregister(comm, b.win);
@@ -398,8 +443,29 @@ class nvlink_communicator {
     RECCL_NCCL_CHECK(comm, ncclMemAlloc(&p, s_->L.total_bytes()));
     s_->scratch = p;
     s_->comm = comm;  // from here on the state destructor releases what exists
+    // every rank's scratch is initialised before the collective window registration that follows
+    init_scratch();
+  }
+
+  /// Loopback rank `rank` of `nranks` on `dev`: the same scratch layout in cudaMalloc memory.
+  nvlink_communicator(int rank, int nranks, int dev, nvlink_config const& cfg) : s_(std::make_unique<state>()) {
+    s_->loopback = true;
+    s_->cfg = cfg;
+    s_->rank = rank;
+    s_->nranks = nranks;
+    s_->dev = dev;
+    s_->L = device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
+                                    cfg.ring_depth);
+    device_guard g(dev);
+    RECCL_CUDA_CHECK(cudaMalloc(&s_->scratch, s_->L.total_bytes()));
+    init_scratch();
+  }
+
+  /// Zero the scratch window and poison its one-shot and ring slots ("not arrived").
+  void init_scratch() {
+    void* p = s_->scratch;
     RECCL_CUDA_CHECK(cudaMemset(p, 0, s_->L.total_bytes()));
-    for (int l = 0; l < cfg.lanes; ++l) {
+    for (int l = 0; l < s_->cfg.lanes; ++l) {
       char* lane = static_cast<char*>(p) + s_->L.header_bytes + static_cast<std::uint64_t>(l) * s_->L.lane_bytes;
       // one-shot slots and ring slots (contiguous, to the end of the lane) start "not arrived"
       std::uint64_t const words = (s_->L.lane_bytes - s_->L.one_shot_off) / 4;
@@ -408,8 +474,33 @@ class nvlink_communicator {
     }
     RECCL_CUDA_CHECK(cudaMalloc(&s_->hello_result, sizeof(std::uint32_t)));
     RECCL_CUDA_CHECK(cudaMemset(s_->hello_result, 0, sizeof(std::uint32_t)));
-    // every rank's scratch is initialised before the collective window registration that follows
     RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  /// allocate_all() for a loopback group: every rank's buffer is visible to the others as is.
+  static std::vector<void*> allocate_loopback(std::vector<nvlink_communicator*> const& comms, std::size_t bytes) {
+    int const n = comms.front()->size();
+    if (static_cast<int>(comms.size()) != n)
+      throw error(status::invalid_argument, "allocate_all on a loopback group needs every rank, in rank order");
+    for (int r = 0; r < n; ++r)
+      if (!comms[static_cast<std::size_t>(r)]->loopback() || comms[static_cast<std::size_t>(r)]->rank() != r ||
+          comms[static_cast<std::size_t>(r)]->s_->scratch_peers[0] != comms.front()->s_->scratch_peers[0])
+        throw error(status::invalid_argument, "allocate_all on a loopback group needs every rank, in rank order");
+    std::vector<detail::registered_buffer> bufs(comms.size());
+    device_guard g(comms.front()->s_->dev);
+    for (auto& b : bufs) {
+      void* p = nullptr;
+      RECCL_CUDA_CHECK(cudaMalloc(&p, bytes));
+      b.base = static_cast<char*>(p);
+      b.bytes = bytes;
+    }
+    std::vector<void*> out;
+    for (int r = 0; r < n; ++r) {
+      for (int q = 0; q < n; ++q) bufs[static_cast<std::size_t>(r)].peers[q] = bufs[static_cast<std::size_t>(q)].base;
+      comms[static_cast<std::size_t>(r)]->s_->buffers.push_back(bufs[static_cast<std::size_t>(r)]);
+      out.push_back(bufs[static_cast<std::size_t>(r)].base);
+    }
+    return out;
   }
 
   void set_device() const { RECCL_CUDA_CHECK(cudaSetDevice(s_->dev)); }
@@ -646,13 +737,29 @@ class nvlink_communicator {
 
   void run(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t stream,
            launch_options const& o) {
+    plan p;
+    device::coll_args const a = prepare(c, in, out, count, t, op, root, o, p);
+    if (count == 0) return;
+    device::kernel_fn const k = device::select_kernel(p.algo, c, t);
+    if (k == nullptr) throw error(status::invalid_argument, "no kernel for this algorithm and dtype");
+    device_guard g(s_->dev);
+    cudaError_t const e = device::launch_kernel(k, p.grid, a, stream, s_->cfg.pdl);
+    if (e != cudaSuccess) throw error(status::internal, std::string("kernel launch: ") + cudaGetErrorString(e));
+  }
+
+ public:
+  /// Validates a call and builds its kernel arguments and plan without launching anything (the
+  /// adaptive loop, host/adaptive.hpp, launches its own kernels on these). Throws reccl::error on
+  /// bad input. For count == 0 it returns after validation with `p` empty.
+  device::coll_args prepare(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root,
+                            launch_options const& o, plan& p) const {
     // ---- validation (host side; throws before anything is launched)
     if (static_cast<unsigned>(t) > static_cast<unsigned>(dtype::float64))
       throw error(status::invalid_argument, "unknown dtype");
     if (static_cast<unsigned>(op) > static_cast<unsigned>(redop::avg)) throw error(status::invalid_argument, "unknown redop");
     if (root < 0 || root >= s_->nranks) throw error(status::invalid_argument, "root outside [0, ranks)");
     check_lane(o.lane);
-    if (count == 0) return;
+    if (count == 0) return device::coll_args{};
     if (count > (std::uint64_t(1) << 40)) throw error(status::invalid_argument, "count above 2^40 elements");
     bool const reads_in = c != collective::broadcast || s_->rank == root;
     if ((reads_in && in == nullptr) || out == nullptr) throw error(status::invalid_argument, "null buffer pointer");
@@ -671,7 +778,7 @@ class nvlink_communicator {
     }
 
     split sp;
-    plan const p = choose(c, reads_in ? in : out, out, count, t, o, &sp);
+    p = choose(c, reads_in ? in : out, out, count, t, o, &sp);
 
     device::coll_args a;
     a.coll = c;
@@ -725,12 +832,13 @@ class nvlink_communicator {
       }
     }
     a.desc = h;
+    return a;
+  }
 
-    device::kernel_fn const k = device::select_kernel(p.algo, c, t);
-    if (k == nullptr) throw error(status::invalid_argument, "no kernel for this algorithm and dtype");
-    device_guard g(s_->dev);
-    cudaError_t const e = device::launch_kernel(k, p.grid, a, stream, s_->cfg.pdl);
-    if (e != cudaSuccess) throw error(status::internal, std::string("kernel launch: ") + cudaGetErrorString(e));
+  /// The lane's device view (engines built on this communicator).
+  device::lsa_view lane_view(int lane) const {
+    check_lane(lane);
+    return view(lane);
   }
 };
 
