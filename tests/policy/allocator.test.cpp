@@ -13,12 +13,14 @@
 
 #include <reccl/policy/allocator/aimd.hpp>
 #include <reccl/policy/allocator/equal.hpp>
+#include <reccl/policy/allocator/fixed.hpp>
 #include <reccl/policy/allocator/proportional.hpp>
 #include <reccl/policy/allocator/texcp.hpp>
 
 using namespace reccl;
 
 static_assert(Allocator<allocator::equal>);
+static_assert(Allocator<allocator::fixed>);
 static_assert(Allocator<allocator::proportional>);
 static_assert(Allocator<allocator::texcp>);
 static_assert(Allocator<allocator::aimd>);
@@ -582,4 +584,32 @@ TEST_CASE("the allocators run in constant evaluation (no UB, no host-only calls)
   };
   static_assert(run());
   CHECK(run());
+}
+
+TEST_CASE("fixed: the shares never move with the times, only with the live mask") {
+  shares s{};
+  s.n_vts = 4;
+  s.live_mask = 0xf;
+  s.w[0] = share_one / 2;
+  s.w[1] = share_one / 4;
+  s.w[2] = share_one / 8;
+  s.w[3] = share_one / 8;
+  REQUIRE(check(s) == status::ok);
+  vt_observation o{};
+  o.n_vts = 4;
+  o.live_mask = 0xf;
+  for (int i = 0; i < 4; ++i) o.time[i] = 1000u * static_cast<unsigned>(i + 1) * static_cast<unsigned>(i + 1);
+  shares const kept = allocator::fixed{}.update(s, o);
+  CHECK(same(kept, s));
+  o.live_mask = 0xb;  // VT 2 leaves: its 1/8 goes to the others in proportion
+  shares const left = allocator::fixed{}.update(s, o);
+  CHECK(check(left) == status::ok);
+  CHECK(left.w[2] == 0);
+  CHECK(left.w[0] > s.w[0]);
+  CHECK(left.w[0] <= 2 * left.w[1] + 2);  // the 1/2 : 1/4 ratio is kept (to rounding)
+  CHECK(left.w[0] + 2 >= 2 * left.w[1]);
+  o.live_mask = 0xf;  // and comes back with the join share
+  shares const back = allocator::fixed{}.update(left, o);
+  CHECK(check(back) == status::ok);
+  CHECK(back.w[2] == allocator::fixed{}.join_share);
 }

@@ -42,6 +42,27 @@ struct control_config {
   std::uint32_t rejoin_share = share_one >> 6;  ///< Q30 share a VT gets when its probe succeeds; default 1/64
 };
 
+/// A sealed record from its parts: what control::record() builds, for engines that keep the
+/// state digest precomputed (the adaptive kernels build records without reading the whole state).
+template <Telemetry T>
+RECCL_HOST_DEVICE constexpr epoch_record make_record(std::uint64_t epoch, int rank, int n_vts, std::uint64_t state_digest,
+                                                     T const& tel, std::uint32_t fault_mask, std::uint32_t probe_ok_mask) {
+  epoch_record r{};
+  r.epoch = epoch;
+  r.rank = rank;
+  r.n_vts = n_vts;
+  r.fault_mask = fault_mask;
+  r.probe_ok_mask = probe_ok_mask;
+  r.state_digest = state_digest;
+  int const n = n_vts < 0 ? 0 : (n_vts > max_vts ? max_vts : n_vts);
+  for (int i = 0; i < n; ++i) {
+    r.stalls[i] = tel.stall_count(i);
+    r.bytes[i] = tel.byte_count(i);
+  }
+  seal(r);
+  return r;
+}
+
 /// Control-loop state of one communicator, templated on the Allocator. Fixed size, trivially
 /// copyable (kernels take it by value); every member function is RECCL_HOST_DEVICE.
 template <Allocator A>
@@ -112,20 +133,7 @@ struct control {
   template <Telemetry T>
   RECCL_HOST_DEVICE constexpr epoch_record record(int rank, T const& tel, std::uint32_t fault_mask,
                                                   std::uint32_t probe_ok_mask) const {
-    epoch_record r{};
-    r.epoch = epoch;
-    r.rank = rank;
-    r.n_vts = share.n_vts;
-    r.fault_mask = fault_mask;
-    r.probe_ok_mask = probe_ok_mask;
-    r.state_digest = digest();
-    int const n = share.n_vts < 0 ? 0 : (share.n_vts > max_vts ? max_vts : share.n_vts);
-    for (int i = 0; i < n; ++i) {
-      r.stalls[i] = tel.stall_count(i);
-      r.bytes[i] = tel.byte_count(i);
-    }
-    seal(r);
-    return r;
+    return make_record(epoch, rank, share.n_vts, digest(), tel, fault_mask, probe_ok_mask);
   }
 
   /// Processes every rank's records of the current epoch (records[k] from rank k) and, unless the

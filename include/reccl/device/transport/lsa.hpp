@@ -12,6 +12,8 @@
 //          | barrier inbox   [cta][src]          (u64: epoch << 32 | descriptor)             |
 //          | ready inbox     [cta][warp][src]    (u64: staged chunk sequence published)        |
 //          | credit inbox    [cta][warp][src]    (u64: ring slot sequence released)            |
+//          | adaptive loop   control region (local), telemetry inbox [parity][src] + arrival    |
+//          |                 words [src], probe area [cta]                                     |
 //          | one-shot slots  [phase][src][cta] x (16-byte header + slot bytes), Lamport-poisoned |
 //          | ring slots      [src][cta][warp][depth] x (chunk bytes + 16-byte header), poisoned|
 //
@@ -23,6 +25,7 @@
 #include <cstdint>
 
 #include "../../config.hpp"
+#include "../adaptive/state.hpp"
 #include "../primitives.hpp"
 
 namespace reccl::device {
@@ -44,12 +47,18 @@ struct lsa_layout {
   // offsets inside a lane
   std::uint64_t status_off = 0, one_shot_seq_off = 0, bar_epoch_off = 0, ring_seq_off = 0, stalls_off = 0;
   std::uint64_t bar_off = 0, ready_off = 0, credit_off = 0, one_shot_off = 0, ring_off = 0;
+  std::uint64_t ctl_off = 0, tele_off = 0, probe_off = 0;  ///< the adaptive loop (device/adaptive/state.hpp)
 
   RECCL_HOST_DEVICE constexpr std::uint64_t total_bytes() const { return header_bytes + lane_bytes * lanes; }
   RECCL_HOST_DEVICE constexpr std::uint64_t one_shot_stride() const { return 16u + one_shot_slot_bytes; }
 };
 
 RECCL_HOST_DEVICE constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+/// Probe area of one CTA: an input and an output of max_lsa segments, one block per warp pair.
+RECCL_HOST_DEVICE constexpr std::uint64_t probe_cta_bytes() {
+  return 2ull * max_lsa * ring_warps * adaptive::probe_bytes_per_warp;
+}
 
 /// The layout for `nranks` ranks and the given sizes. Pure arithmetic, same on host and device.
 RECCL_HOST_DEVICE constexpr lsa_layout make_lsa_layout(int nranks, int lanes, int max_ctas, int one_shot_slot_bytes,
@@ -73,6 +82,9 @@ RECCL_HOST_DEVICE constexpr lsa_layout make_lsa_layout(int nranks, int lanes, in
   L.bar_off = o;  o = round_up(o + 8 * mc * max_lsa, 4096);
   L.ready_off = o;  o = round_up(o + 8 * mc * ring_warps * max_lsa, 4096);
   L.credit_off = o;  o = round_up(o + 8 * mc * ring_warps * max_lsa, 4096);
+  L.ctl_off = o;  o = round_up(o + sizeof(adaptive::control_region), 4096);
+  L.tele_off = o;  o = round_up(o + 2ull * max_lsa * sizeof(adaptive::tele_slot) + 8ull * max_lsa, 4096);
+  L.probe_off = o;  o = round_up(o + mc * probe_cta_bytes(), 4096);
   L.one_shot_off = o;
   o = round_up(o + 2ull * nranks * mc * (16u + static_cast<std::uint64_t>(one_shot_slot_bytes)), 4096);
   L.ring_off = o;
@@ -104,6 +116,20 @@ struct lsa_view {
   }
   RECCL_HOST_DEVICE std::uint64_t* stalls(int vt) const {
     return reinterpret_cast<std::uint64_t*>(lane_base(rank) + L.stalls_off) + vt;
+  }
+  RECCL_HOST_DEVICE adaptive::control_region* ctl() const {
+    return reinterpret_cast<adaptive::control_region*>(lane_base(rank) + L.ctl_off);
+  }
+  /// Telemetry inbox slot in `owner`'s memory for records of parity `parity` from rank `src`.
+  RECCL_HOST_DEVICE adaptive::tele_slot* tele(int owner, int parity, int src) const {
+    return reinterpret_cast<adaptive::tele_slot*>(lane_base(owner) + L.tele_off) + parity * max_lsa + src;
+  }
+  /// Arrival word in `owner`'s memory: the last adaptive epoch + 1 that rank `src` started.
+  RECCL_HOST_DEVICE std::uint64_t* arrival(int owner, int src) const {
+    return reinterpret_cast<std::uint64_t*>(lane_base(owner) + L.tele_off + 2ull * max_lsa * sizeof(adaptive::tele_slot)) + src;
+  }
+  RECCL_HOST_DEVICE char* probe_area(int cta) const {
+    return lane_base(rank) + L.probe_off + static_cast<std::uint64_t>(cta) * probe_cta_bytes();
   }
   // inboxes: `owner` is the rank whose memory holds the word, `src` the rank that writes it
   RECCL_HOST_DEVICE std::uint64_t* bar(int owner, int cta, int src) const {

@@ -1,0 +1,144 @@
+// reccl/device/adaptive/state.hpp -- what the adaptive (PReCCL) loop keeps in device memory, per
+// lane of a rank's scratch window. Plain data: the host writes the initial state and reads the
+// reports and samples with cudaMemcpy; the kernels do the rest.
+//
+//   control region (local: only its own rank reads or writes it)
+//   ┌─────────────────────────────────────────────────────────────────────────────────────────┐
+//   │ epoch            index of the next adaptive collective on this lane (global epoch e);   │
+//   │                  first_epoch: where the current control state (chains) started          │
+//   │ quiet            VTs that faulted or failed a probe in e-1: carried as faults in e      │
+//   │ counters         this collective's stalls, VT times, fault / probe / touched bits, done │
+//   │ faults           injected throttles and dead VTs, keyed by epoch (host-written)         │
+//   │ model            a cost model the host installed, with the epoch it applies from        │
+//   │ chain[2], plan[2] control<A> of the even and of the odd collectives; what the control   │
+//   │                  CTA prepared for each one's next collective (digest, probes, split)    │
+//   │ reports[R]       epoch_report of every collective (written one collective later)       │
+//   │ samples[R]       this rank's per-VT stalls, bytes and measured ns (for the host fit)    │
+//   └─────────────────────────────────────────────────────────────────────────────────────────┘
+//   telemetry inbox (written by every rank into every rank): tele_slot[2 parities][src rank]
+//
+// Two control chains. One GPU thread needs ~39 us for control<texcp>::step with 8 VTs and 2 ranks
+// (bench/perf/control_step.cu on an H200): more than a 64 MiB collective can spend between two
+// kernels. So a spare CTA of collective e computes the split of collective e+1 while e moves data,
+// from the records of e-1 (the newest complete ones). For each update to stay consistent (an
+// allocator moves the shares that produced the times it sees), the even and the odd collectives
+// run one control<A> each: split(e+1) = chain[(e+1)&1] stepped with records(e-1), and e-1 ran on
+// that same chain. Each chain is exactly the loop the policy tests check. A VT that faults in e is
+// also carried into e+1 as a fault (quiet), so the other chain never sends into a dead VT.
+#pragma once
+
+#include <cstdint>
+
+#include "../../config.hpp"
+#include "../../policy/epoch.hpp"
+#include "../../policy/split.hpp"
+#include "../../policy/telemetry/cost_model.hpp"
+#include "../primitives.hpp"
+
+namespace reccl::device::adaptive {
+
+/// The stall unit of the adaptive kernels: a VT's stalls are the time its pipelines spent in waits
+/// that spun (senders waiting for credit, receivers waiting for data), averaged over the VT's
+/// warp pairs, in units of this. So waits on any kind of flag or slot count alike, and the cost
+/// model's prior prices one stall at exactly this (adaptive_options::model).
+inline constexpr std::uint64_t stall_quantum_ns = 256;
+
+/// Entries of the report and sample rings (by epoch modulo this).
+inline constexpr int ring_entries = 256;
+/// Bytes reserved for one control<A> (static_assert'ed by the kernels).
+inline constexpr int chain_bytes = 1024;
+/// Probe block per warp pair, bytes (one ring chunk of this size per warp pair).
+inline constexpr int probe_bytes_per_warp = 256;
+
+/// One injected condition (see reccl::device_faults on the host side).
+struct fault_spec {
+  std::uint32_t kind = 0;  ///< 0 none, 1 throttle, 2 dead
+  std::int32_t vt = -1;
+  std::uint64_t from_epoch = 0, until_epoch = 0;  ///< active in [from, until)
+  std::uint64_t bytes_per_us = 0;                 ///< throttle: the VT's rate per rank and direction
+};
+inline constexpr int max_faults = 8;
+struct fault_table {
+  std::uint32_t n = 0, pad = 0;
+  fault_spec f[max_faults] = {};
+};
+
+/// A cost model installed by the host: it evaluates the records of global epochs >= from_epoch.
+/// `seq` grows with each install; each chain takes a model once (chain_seq).
+struct pending_model {
+  std::uint64_t seq = 0;
+  std::uint64_t from_epoch = 0;
+  telemetry::cost_model_q model{};
+};
+
+/// This collective's counters on this rank. Reset by the last data CTA after it built the record.
+struct counters {
+  unsigned long long wait_ns[max_vts];  ///< time the VT's warps spent in waits that spun (summed)
+  unsigned long long t0[max_vts];      ///< first start of a CTA of the VT (%globaltimer)
+  unsigned long long t1[max_vts];      ///< last end of a CTA of the VT
+  unsigned int fault_mask;             ///< VTs whose data CTAs gave up (VT deadline)
+  unsigned int probe_fail_mask;        ///< probed VTs whose probe did not arrive in its window
+  unsigned int touched_mask;           ///< faulted VTs that had written part of their output
+  unsigned int done;                   ///< data CTAs past their data phase
+  unsigned int live_done;              ///< CTAs of live VTs that finished their block
+  unsigned int live_ended;             ///< CTAs of live VTs past their data phase (finished or faulted)
+  unsigned int pad[2];
+};
+
+/// What the control CTA of collective e-1 prepares for collective e (one per chain): the chain
+/// epoch and state digest e's record carries, the probes, and the split for a count (valid when
+/// the call's count and granule match; a data CTA computes it otherwise). Read by every data CTA
+/// with one 16-byte load per lane, so a collective starts without a chain of dependent loads.
+struct alignas(16) plan_slot {
+  std::uint64_t tag = 0;          ///< global epoch + 1 this slot is for (0: none)
+  std::uint64_t chain_epoch = 0;  ///< the record's epoch
+  std::uint64_t digest = 0;       ///< the record's state_digest
+  std::uint32_t probes = 0;       ///< masked VTs that carry a probe block
+  std::uint32_t live_mask = 0;    ///< VTs with a share
+  std::uint64_t count = ~std::uint64_t{0}, granule = 0;  ///< what `sp` is for
+  split sp{};
+};
+
+/// This rank's counters of one collective, for the host-side cost model fit.
+struct vt_sample {
+  std::uint64_t epoch = 0;
+  std::int32_t n_vts = 0;
+  std::uint32_t fault_mask = 0;  ///< recovered VTs (OR over ranks)
+  std::uint64_t stalls[max_vts] = {};
+  std::uint64_t bytes[max_vts] = {};
+  std::uint64_t ns[max_vts] = {};  ///< measured: last CTA end - first CTA start of the VT
+};
+
+struct report_entry {
+  std::uint64_t tag = 0;      ///< epoch + 1 (0: never written)
+  std::uint64_t step_ns = 0;  ///< how long the control CTA took to step this epoch's records
+  epoch_report rep{};
+};
+
+struct control_region {
+  std::uint64_t epoch;
+  std::uint64_t first_epoch;  ///< the epoch this lane's current control state started at
+  std::uint64_t quiet_tag;  ///< epoch + 1 that `quiet` applies to
+  std::uint32_t quiet;
+  std::uint32_t error_info;  ///< first fatal error: rank << 16 | (vt + 1), 0 if none
+  std::uint64_t recovered;   ///< collectives that recovered a VT (cumulative)
+  counters acc;
+  fault_table faults;
+  pending_model model;
+  std::uint64_t chain_model_seq[2];
+  plan_slot plan[2];
+  alignas(16) unsigned char chain[2][chain_bytes];
+  report_entry reports[ring_entries];
+  vt_sample samples[ring_entries];
+};
+
+/// One rank's record of one collective, as delivered into every rank's inbox. `flag` (global
+/// epoch + 1) is stored last, with release semantics: a reader that acquires it sees the rest.
+struct alignas(16) tele_slot {
+  epoch_record rec;
+  std::uint32_t touched = 0;  ///< faulted VTs that had written part of this rank's output
+  std::uint32_t pad = 0;
+  std::uint64_t flag = 0;
+};
+
+}  // namespace reccl::device::adaptive
