@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
 #
-#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other all (default: all)
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive all
+#                                 (default: all)
+#
+# On one GPU the tests run on loopback ranks (create_loopback) and the adaptive bench too; the
+# reccl_perf stages need two GPUs. RECCL_GPU_BIN=dir takes prebuilt binaries from dir (built on
+# another machine with the same nvcc: bash bench/gpu.sh build there, or scripts/build-gpu-bin.sh)
+# and skips the build stage.
 #
 # Build: CMake (-DRECCL_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90) when the top-level
 # CMakeLists supports it and RECCL_GPU_BUILD is not "nvcc"; otherwise nvcc directly (three
@@ -15,8 +21,9 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 mkdir -p "$OUT" "$BUILD"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RECCL_COMMIT=${RECCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-STAGES=${*:-all}
-has() { [[ " $STAGES " == *" all "* || " $STAGES " == *" $1 "* ]]; }
+STAGES=" ${*:-all} "
+STAGES=${STAGES/ all / build test sanitize bench-ar bench-other adaptive }
+has() { [[ "$STAGES" == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%H:%M:%S)] $*"; }
 SUMMARY=()
 
@@ -24,6 +31,18 @@ SUMMARY=()
 PERF=$BUILD/reccl_perf
 T_COLL=$BUILD/reccl.test.device.collectives
 T_MP=$BUILD/reccl.test.device.multiprocess
+T_AD=$BUILD/reccl.test.device.adaptive
+ADB=$BUILD/reccl_adaptive_bench
+if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
+  B=$(cd "$RECCL_GPU_BIN" && pwd)
+  PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
+  T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench
+  # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
+  NCCL_WHEEL=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null)/lib
+  [[ -d "$NCCL_WHEEL" ]] && export LD_LIBRARY_PATH="$NCCL_WHEEL:${LD_LIBRARY_PATH:-}"
+  STAGES=${STAGES/ build / }
+fi
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 if has build; then
   NPROC=$(nproc 2>/dev/null || echo 4)
   if [[ "${RECCL_GPU_BUILD:-auto}" != nvcc ]] && grep -q RECCL_ENABLE_CUDA CMakeLists.txt 2>/dev/null; then
@@ -31,12 +50,14 @@ if has build; then
     cmake -S . -B "$BUILD/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECCL_ENABLE_CUDA=ON \
       -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
       cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
-        reccl.test.device.multiprocess >>"$OUT/cmake.log" 2>&1
+        reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench >>"$OUT/cmake.log" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]]; then
       PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
       T_COLL=$(find "$BUILD/cmake" -name reccl.test.device.collectives -type f | head -1)
       T_MP=$(find "$BUILD/cmake" -name reccl.test.device.multiprocess -type f | head -1)
+      T_AD=$(find "$BUILD/cmake" -name reccl.test.device.adaptive -type f | head -1)
+      ADB=$(find "$BUILD/cmake" -name reccl_adaptive_bench -type f | head -1)
     else
       log "cmake build failed (see cmake.log), falling back to nvcc"; tail -20 "$OUT/cmake.log"
       RECCL_GPU_BUILD=nvcc
@@ -58,10 +79,16 @@ if has build; then
     p2=$!
     nvcc "${FLAGS[@]}" tests/device/multiprocess.test.cu -o "$T_MP" -lnccl >"$OUT/build_mp.log" 2>&1 &
     p3=$!
+    nvcc "${FLAGS[@]}" tests/device/adaptive.test.cu -o "$T_AD" -lnccl >"$OUT/build_ad.log" 2>&1 &
+    p4=$!
+    nvcc "${FLAGS[@]}" bench/adaptive/adaptive_bench.cu -o "$ADB" -lnccl >"$OUT/build_adb.log" 2>&1 &
+    p5=$!
     rc=0
     wait $p1 || { rc=1; tail -30 "$OUT/build_perf.log"; }
     wait $p2 || { rc=1; tail -30 "$OUT/build_coll.log"; }
     wait $p3 || { rc=1; tail -30 "$OUT/build_mp.log"; }
+    wait $p4 || { rc=1; tail -30 "$OUT/build_ad.log"; }
+    wait $p5 || { rc=1; tail -30 "$OUT/build_adb.log"; }
     [[ $rc -ne 0 ]] && { log "build failed"; exit 1; }
   fi
   for op in all_reduce reduce_scatter all_gather broadcast alltoall; do
@@ -78,14 +105,20 @@ echo "commit $RECCL_COMMIT  date $(date -u +%FT%TZ)" >>"$OUT/machine.txt"
 
 # ---- tests ----------------------------------------------------------------------------------------
 if has test; then
-  log "GPU tests (one process, both GPUs)"
+  log "GPU tests (one process, every GPU; loopback ranks on one GPU)"
   timeout 600 "$T_COLL" >"$OUT/test_collectives.log" 2>&1
   rc=$?; SUMMARY+=("test collectives: rc=$rc  $(grep -E 'test cases:' "$OUT/test_collectives.log" | tail -1)")
-  grep -E "ERROR|FAILED|cases," "$OUT/test_collectives.log" | head -30
-  log "GPU tests (one process per GPU)"
-  timeout 600 "$T_MP" >"$OUT/test_multiprocess.log" 2>&1
-  rc=$?; SUMMARY+=("test multiprocess: rc=$rc  $(grep -E 'test cases:' "$OUT/test_multiprocess.log" | tail -1)")
-  grep -E "ERROR|FAILED|wrong|rank" "$OUT/test_multiprocess.log" | head -30
+  grep -E "ERROR|FAILED|cases,|loopback" "$OUT/test_collectives.log" | head -30
+  log "GPU tests of the adaptive loop"
+  timeout 600 "$T_AD" >"$OUT/test_adaptive.log" 2>&1
+  rc=$?; SUMMARY+=("test adaptive: rc=$rc  $(grep -E 'test cases:' "$OUT/test_adaptive.log" | tail -1)")
+  grep -E "ERROR|FAILED|MESSAGE" "$OUT/test_adaptive.log" | head -30
+  if [[ $NGPU -ge 2 ]]; then
+    log "GPU tests (one process per GPU)"
+    timeout 600 "$T_MP" >"$OUT/test_multiprocess.log" 2>&1
+    rc=$?; SUMMARY+=("test multiprocess: rc=$rc  $(grep -E 'test cases:' "$OUT/test_multiprocess.log" | tail -1)")
+    grep -E "ERROR|FAILED|wrong|rank" "$OUT/test_multiprocess.log" | head -30
+  fi
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (unaligned, split and bad-input cases)"
@@ -100,6 +133,10 @@ bench() {  # name, args...
   log "bench $name: $*"
   timeout 600 "$P/$@" -J "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt" | grep -v '^#' | tail -40
 }
+if [[ $NGPU -lt 2 ]] && { has bench-ar || has bench-other; }; then
+  log "reccl_perf stages skipped: they need two GPUs (this machine has $NGPU)"
+  STAGES=${STAGES/ bench-ar / }; STAGES=${STAGES/ bench-other / }
+fi
 if has bench-ar; then
   bench ar_graph reccl_all_reduce_perf -d bfloat16 -b 1K -e 16M -f 4 -G 10 -n 100 -w 20 --floor 1
   bench ar_eager reccl_all_reduce_perf -d bfloat16 -b 4M -e 1G -f 4 -n 20 -w 5
@@ -109,7 +146,7 @@ if has bench-ar; then
     --reccl 0 >"$OUT/nccl_channels.txt" 2>&1
   log "NCCL channels: $(grep -cE 'Channel [0-9]+/[0-9]+ :' "$OUT/nccl_channels.txt") ring-channel lines; $(grep -oE '[0-9]+ coll channels[^.]*' "$OUT/nccl_channels.txt" | head -1)"
 fi
-if [[ " $STAGES " == *" sweep "* ]]; then  # tuning sweep (not part of "all")
+if has sweep; then  # tuning sweep (not part of "all")
   bench sweep_pipelined reccl_all_reduce_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
     --algo pipelined --ctas 16,32,64,96,128 --chunk 8192,32768 --ring_chunk 32768 --max_ctas 128
   bench sweep_flag reccl_all_gather_perf -d bfloat16 -b 1M -e 1G -f 4 -n 20 -w 5 --nccl 0 --in_place 0 \
@@ -126,15 +163,26 @@ if has bench-other; then
   done
 fi
 
+if has adaptive; then
+  log "adaptive loop: reccl_adaptive_bench ${ADAPTIVE_ARGS:-}"
+  timeout 900 "$ADB" --out "$OUT" ${ADAPTIVE_ARGS:-} >"$OUT/adaptive.txt" 2>&1
+  rc=$?; SUMMARY+=("adaptive bench: rc=$rc")
+  tail -3 "$OUT/adaptive.txt"
+  [[ -f "$OUT/timeline.csv" ]] && python3 bench/adaptive/plot.py "$OUT/timeline.csv" --json "$OUT/adaptive.json" \
+    -o "$OUT/timeline.png" >/dev/null 2>&1
+fi
+
 # ---- summary --------------------------------------------------------------------------------------
 echo
 echo "================ summary ($RECCL_COMMIT) ================"
 for s in "${SUMMARY[@]}"; do echo "$s"; done
+[[ -f "$OUT/adaptive.txt" ]] && sed -n '/reccl_adaptive_bench summary/,$p' "$OUT/adaptive.txt"
 if ls "$OUT"/*.json >/dev/null 2>&1; then
   python3 - "$OUT" <<'PY'
 import json, sys, glob, os
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     d = json.load(open(f))
+    if "rows" not in d or "collective" not in d: continue
     print(f"{os.path.basename(f)}: {d['collective']} {d['dtype']} graph={d['graph_launches']} buffers={d['reccl_buffers']}")
     for r in d["rows"]:
         b = r["bytes"]; sz = f"{b>>30}G" if b >= 1<<30 else f"{b>>20}M" if b >= 1<<20 else f"{b>>10}K"
