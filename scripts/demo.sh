@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs reccl's main example: on the GPUs when this machine has at least two, with NCCL and nvcc; otherwise
-# on the CPU engine (4 ranks x 4 VTs, rate-capped VTs: healthy, one slow, one dead, recovered).
+# Runs reccl's main example on the GPU when this machine has one (with nvcc and NCCL's headers):
+# examples/02_adaptive_gpu, the adaptive all-reduce through a healthy, a slowed, a dead and a
+# recovered VT, on every GPU (>= 2) or on two loopback ranks of one GPU; with two or more GPUs it
+# first runs examples/gpu_demo (correctness, path isolation and speed against NCCL). Without a GPU:
+# the same four phases on the CPU engine (4 ranks x 4 VTs, rate-capped VTs).
 # Extra arguments go to the example; a JSON summary is written to build/demo-summary.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,13 +14,17 @@ export PATH="/usr/local/cuda/bin:$PATH"
 gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
 
-if [ "$gpus" -ge 2 ] && command -v nvcc >/dev/null 2>&1; then
+if [ "$gpus" -ge 1 ] && command -v nvcc >/dev/null 2>&1; then
   export NCCL_NVLS_ENABLE=0   # never NVLink multicast
   cmake --preset gpu >/dev/null
-  cmake --build --preset gpu --target reccl.example.gpu_demo
-  exec build/gpu/examples/gpu_demo/gpu_demo --json build/demo-summary.json "$@"
+  if [ "$gpus" -ge 2 ]; then
+    cmake --build --preset gpu --target reccl.example.gpu_demo reccl.example.adaptive_gpu
+    build/gpu/examples/gpu_demo/gpu_demo --json build/demo-nvlink-summary.json
+  else
+    cmake --build --preset gpu --target reccl.example.adaptive_gpu
+  fi
+  exec build/gpu/examples/02_adaptive_gpu/adaptive_gpu --json build/demo-summary.json "$@"
 fi
-[ "$gpus" -eq 1 ] && echo "one GPU: the NVLink path needs two; running the CPU engine example"
 
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu --target reccl.example.adaptive_all_reduce
