@@ -399,29 +399,39 @@ int main(int argc, char** argv) {
     J["healthy"] = {{"us_median", median(t_healthy)}, {"vt_rate_Bps", vt_rate}, {"throttle_Bps", throttle_rate}};
 
     // ---- 2. overhead: plain kernels (equal split, no telemetry) vs the texcp lane, interleaved
-    {
-      reccl::launch_options pl;
-      pl.algo = reccl::algorithm::pipelined;
-      pl.lane = 0;
-      pl.vts = lo.vts;
-      pl.ctas = lo.vts * lo.ctas_per_vt;
-      pl.chunk_bytes = lo.chunk_bytes;
-      std::vector<double> tp, ta, tn;
-      for (int k = 0; k < o.overhead_runs + 5; ++k) {
-        queue_one(w, ar, [&](int r) {
-          w.comms[r].all_reduce(w.in[r], w.out[r], ar.count(n), ar.t, redop::sum, w.streams[r], pl);
+    reccl::launch_options pl;  // the plain pipelined kernel with the lane's geometry
+    pl.algo = reccl::algorithm::pipelined;
+    pl.lane = 0;
+    pl.vts = lo.vts;
+    pl.ctas = lo.vts * lo.ctas_per_vt;
+    pl.chunk_bytes = lo.chunk_bytes;
+    // `count` interleaved rounds (after `warm` unrecorded ones) of: the plain kernel, `other`, and
+    // `third` if given; the slower rank's time of each, per series
+    auto rounds = [&](call const& k, int count, int warm, std::function<void(int)> const& other,
+                      std::function<void(int)> const& third = {}) {
+      std::vector<std::vector<double>> t(3);
+      for (int j = 0; j < count + warm; ++j) {
+        queue_one(w, k, [&](int r) {
+          w.comms[r].all_reduce(w.in[r], w.out[r], k.count(n), k.t, redop::sum, w.streams[r], pl);
         });
-        double const a = finish(w);
-        queue_one(w, ar, [&](int r) { launch_lane(lanes, w, ar, r); });
-        double const b = finish(w);
-        if (!w.loop) {
-          queue_one(w, ar, [&](int r) {
-            ncclAllReduce(w.in[r], w.out[r], ar.count(n), ncclBfloat16, ncclSum, w.nccl[r], w.streams[r]);
-          });
-          tn.push_back(finish(w));
+        double const x = finish(w);
+        queue_one(w, k, other);
+        double const y = finish(w);
+        double z = 0;
+        if (third) {
+          queue_one(w, k, third);
+          z = finish(w);
         }
-        if (k >= 5) tp.push_back(a), ta.push_back(b);
+        if (j >= warm) t[0].push_back(x), t[1].push_back(y), t[2].push_back(z);
       }
+      return t;
+    };
+    {
+      std::function<void(int)> nccl;
+      if (!w.loop)
+        nccl = [&](int r) { ncclAllReduce(w.in[r], w.out[r], ar.count(n), ncclBfloat16, ncclSum, w.nccl[r], w.streams[r]); };
+      auto t = rounds(ar, o.overhead_runs, 5, [&](int r) { launch_lane(lanes, w, ar, r); }, nccl);
+      std::vector<double> const &tp = t[0], &ta = t[1], &tn = t[2];
       check_lanes(w);
       if (take_wrong(w) != 0) throw std::runtime_error("overhead run: wrong results");
       double const mp = median(tp), ma = median(ta), mn = median(tn);
@@ -437,12 +447,6 @@ int main(int argc, char** argv) {
     // ---- 2b. where the overhead goes: the same interleaving with parts of the loop switched off
     if (o.study) {
       using none_lane = reccl::adaptive_lane<reccl::allocator::equal, reccl::telemetry::none>;
-      reccl::launch_options pl;
-      pl.algo = reccl::algorithm::pipelined;
-      pl.lane = 0;
-      pl.vts = lo.vts;
-      pl.ctas = lo.vts * lo.ctas_per_vt;
-      pl.chunk_bytes = lo.chunk_bytes;
       struct variant {
         char const* name;
         std::uint32_t ablate;
@@ -450,23 +454,14 @@ int main(int argc, char** argv) {
       };
       std::vector<variant> const vs = {{"texcp+stalls", 0, false},         {"no control step", 1, false},
                                        {"no step, no verdict", 3, false},  {"no step, no verdict, host split", 7, false},
-                                       {"equal+none", 0, true},            {"equal+none, all off", 7, true}};
+                                       {"equal+none", 0, true},            {"equal+none, all off", 7, true},
+                                       {"data phase only", 15, true},      {"data phase only, no prologue loads", 31, true}};
       json st = json::array();
       for (auto const& vr : vs) {
         reccl::adaptive_options ao = lane_options(o, 1);
         ao.ablate = vr.ablate;
-        std::vector<double> tp, ta;
-        auto measure = [&](auto& L) {
-          for (int k = 0; k < o.overhead_runs / 2 + 3; ++k) {
-            queue_one(w, ar, [&](int r) {
-              w.comms[r].all_reduce(w.in[r], w.out[r], ar.count(n), ar.t, redop::sum, w.streams[r], pl);
-            });
-            double const a = finish(w);
-            queue_one(w, ar, [&](int r) { launch_lane(L, w, ar, r); });
-            double const b = finish(w);
-            if (k >= 3) tp.push_back(a), ta.push_back(b);
-          }
-        };
+        std::vector<std::vector<double>> t;
+        auto measure = [&](auto& L) { t = rounds(ar, o.overhead_runs / 2, 3, [&](int r) { launch_lane(L, w, ar, r); }); };
         if (vr.none) {
           auto L = none_lane::create_all(w.ptrs(), ao);
           measure(L);
@@ -474,6 +469,7 @@ int main(int argc, char** argv) {
           auto L = texcp_lane::create_all(w.ptrs(), ao, tx);
           measure(L);
         }
+        std::vector<double> const &tp = t[0], &ta = t[1];
         check_lanes(w);
         if (take_wrong(w) != 0) throw std::runtime_error(std::string("study ") + vr.name + ": wrong results");
         double const mp = median(tp), ma = median(ta);
@@ -486,16 +482,8 @@ int main(int argc, char** argv) {
         call k{collective::all_reduce, dtype::bfloat16, parse_size(sb)};
         prepare_data(w, k);
         auto L = texcp_lane::create_all(w.ptrs(), lane_options(o, 1), tx);
-        std::vector<double> tp, ta;
-        for (int j = 0; j < o.overhead_runs / 2 + 3; ++j) {
-          queue_one(w, k, [&](int r) {
-            w.comms[r].all_reduce(w.in[r], w.out[r], k.count(n), k.t, redop::sum, w.streams[r], pl);
-          });
-          double const x = finish(w);
-          queue_one(w, k, [&](int r) { launch_lane(L, w, k, r); });
-          double const y = finish(w);
-          if (j >= 3) tp.push_back(x), ta.push_back(y);
-        }
+        auto t = rounds(k, o.overhead_runs / 2, 3, [&](int r) { launch_lane(L, w, k, r); });
+        std::vector<double> const &tp = t[0], &ta = t[1];
         check_lanes(w);
         if (take_wrong(w) != 0) throw std::runtime_error("study size: wrong results");
         double const mp = median(tp), ma = median(ta);

@@ -86,7 +86,8 @@ struct adaptive_options {
   shares initial{};       ///< starting shares of both chains (n_vts 0: equal); e.g. a static split for allocator::fixed
   /// Measurement only, to price the loop's parts (bench/adaptive): bit 0 skips the control step,
   /// bit 1 the verdict (so also recovery), bit 2 the device-side plan (the host's equal split is
-  /// used); bits 1 and 2 need bit 0. Results stay right without faults; nothing adapts.
+  /// used), bit 3 everything after the data phase (no record), bit 4 the prologue's loads; bits
+  /// 1-2 need bit 0, bits 3-4 need bits 0-2. Results stay right without faults; nothing adapts.
   std::uint32_t ablate = 0;
 };
 
@@ -112,8 +113,8 @@ class adaptive_lane {
     if (o.lane < 0 || o.lane >= cfg.lanes) throw error(status::invalid_argument, "adaptive_lane: no such lane");
     if (o.control.probe_interval < 2)
       throw error(status::invalid_argument, "adaptive_lane: probe_interval must be >= 2 (a failed probe resyncs its rings)");
-    if ((o.ablate & 6u) && !(o.ablate & 1u))
-      throw error(status::invalid_argument, "adaptive_lane: ablate bits 1 and 2 need bit 0 (no control step)");
+    if (((o.ablate & 6u) && !(o.ablate & 1u)) || ((o.ablate & 24u) && (o.ablate & 7u) != 7u))
+      throw error(status::invalid_argument, "adaptive_lane: ablate bits 1-2 need bit 0, bits 3-4 need bits 0-2");
     if (o.vt_timeout_ns == 0 || o.vt_timeout_ns >= cfg.timeout_ns)
       throw error(status::invalid_argument, "adaptive_lane: vt_timeout_ns must be in (0, the lane timeout)");
     int sms = 0;
@@ -171,35 +172,18 @@ class adaptive_lane {
   /// Reports of epochs [from, to) still in the ring (at most 256 back) and already written (the
   /// report of e is written by collective e+1). Synchronous; call after the stream is synchronised.
   std::vector<epoch_report> reports(std::uint64_t from, std::uint64_t to) const {
-    std::vector<epoch_report> out;
-    std::vector<device::adaptive::report_entry> ring(device::adaptive::ring_entries);
-    copy_out(ring.data(), region()->reports, sizeof(ring[0]) * ring.size());
-    for (std::uint64_t e = from; e < to; ++e) {
-      auto const& r = ring[e % device::adaptive::ring_entries];
-      if (r.tag == e + 1) out.push_back(r.rep);
-    }
-    return out;
+    return from_ring(region()->reports, from, to, [](auto const& r, std::uint64_t e) { return r.tag == e + 1; },
+                     [](auto const& r) { return r.rep; });
   }
   /// How long the control CTA took to step each of epochs [from, to) (ns; same filter as reports).
   std::vector<std::uint64_t> step_ns(std::uint64_t from, std::uint64_t to) const {
-    std::vector<std::uint64_t> out;
-    std::vector<device::adaptive::report_entry> ring(device::adaptive::ring_entries);
-    copy_out(ring.data(), region()->reports, sizeof(ring[0]) * ring.size());
-    for (std::uint64_t e = from; e < to; ++e) {
-      auto const& r = ring[e % device::adaptive::ring_entries];
-      if (r.tag == e + 1) out.push_back(r.step_ns);
-    }
-    return out;
+    return from_ring(region()->reports, from, to, [](auto const& r, std::uint64_t e) { return r.tag == e + 1; },
+                     [](auto const& r) { return r.step_ns; });
   }
   /// This rank's measured samples of epochs [from, to) still in the ring (for the cost model fit).
   std::vector<vt_sample> samples(std::uint64_t from, std::uint64_t to) const {
-    std::vector<vt_sample> out, ring(device::adaptive::ring_entries);
-    copy_out(ring.data(), region()->samples, sizeof(ring[0]) * ring.size());
-    for (std::uint64_t e = from; e < to; ++e) {
-      auto const& r = ring[e % device::adaptive::ring_entries];
-      if (r.epoch == e && r.n_vts > 0) out.push_back(r);
-    }
-    return out;
+    return from_ring(region()->samples, from, to, [](auto const& r, std::uint64_t e) { return r.epoch == e && r.n_vts > 0; },
+                     [](auto const& r) { return r; });
   }
   /// The cost model in use at creation (the prior).
   telemetry::cost_model_q const& prior() const { return o_.model; }
@@ -230,6 +214,18 @@ class adaptive_lane {
   }
 
   device::adaptive::control_region* region() const { return c_->lane_view(o_.lane).ctl(); }
+
+  /// The entries of a device ring (indexed by epoch modulo its size) for epochs [from, to) that
+  /// `valid` accepts, mapped by `take`. One synchronous copy of the whole ring.
+  template <class E, std::size_t N, class Valid, class Take>
+  auto from_ring(E const (&ring_d)[N], std::uint64_t from, std::uint64_t to, Valid valid, Take take) const {
+    std::vector<E> ring(N);
+    copy_out(ring.data(), ring_d, sizeof(E) * N);
+    std::vector<decltype(take(ring[0]))> out;
+    for (std::uint64_t e = from; e < to; ++e)
+      if (valid(ring[e % N], e)) out.push_back(take(ring[e % N]));
+    return out;
+  }
 
   template <class V> V read(V const* p) const {
     V x{};

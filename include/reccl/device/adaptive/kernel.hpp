@@ -345,9 +345,11 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   int const cpv = b.ctas_per_vt;
   int const vt = cta / cpv;
   // ---- 1. plan: every word the prologue needs, one load per thread, all in flight at once
-  if (cta != a.data_ctas) {
+  if (cta != a.data_ctas && !(a.ablate & 16u)) {
     cta_copy_cg(ps2, R->plan, sizeof(ps2));
     cta_copy_cg(&faults_s, &R->faults, sizeof(fault_table));
+  } else if (tid == 0) {
+    faults_s.n = 0;
   }
   if (tid == 480) status_s = read_status(st);
   if (tid == 481) epoch_s = __ldcg(reinterpret_cast<unsigned long long const*>(&R->epoch));
@@ -441,17 +443,18 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     if (!ok && tid == 0) cx.probe_failed = 1;
   }
   __syncthreads();
-  if (tid == 0) {
-    stop = read_status(st) != 0;
-    if (stop) {  // a lane error (deadline, mismatch): name the rank that never came, then stop
-      int lost = -1;
-      for (int p = 0; p < n && lost < 0; ++p)
-        if (p != me && load_relaxed_sys(v.arrival(me, p)) < e + 1) lost = p;
-      atomicCAS(&R->error_info, 0u, (static_cast<std::uint32_t>(lost < 0 ? me : lost) << 16) | static_cast<std::uint32_t>(vt + 1));
-    }
+  if (a.ablate & 8u) {  // measurement only: the data phase alone
+    if (tid < ring_warps) *v.ring_seq(cta, tid) = cs.base_seq[tid];
+    return;
   }
-  if (tid == 0 && !stop) {
+  if (tid == 0) {
+    // This CTA's counters, then its turn on `done`. The fault, probe and touched bits decide what
+    // is recovered, so they are ordered before `done` (a fence, only when there is such a bit);
+    // the telemetry counters need no fence: a late one only shifts a count between two records.
+    // The status word is read while the atomics are in flight.
     counters& acc = R->acc;
+    std::uint32_t const lane_status = read_status(st);
+    bool ordered = false;
     if (live) {
       if constexpr (M::enabled) {
         if (cx.cta_wait_ns != 0) atomicAdd(&acc.wait_ns[vt], cx.cta_wait_ns);
@@ -461,14 +464,25 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
       if (!data_ok) {
         atomicOr(&acc.fault_mask, 1u << vt);
         if (cx.touched) atomicOr(&acc.touched_mask, 1u << vt);
+        ordered = true;
       } else {
         atomicAdd(&acc.live_done, 1u);
       }
       atomicAdd(&acc.live_ended, 1u);
     }
-    if (probe && cx.probe_failed) atomicOr(&acc.probe_fail_mask, 1u << vt);
-    __threadfence();
+    if (probe && cx.probe_failed) {
+      atomicOr(&acc.probe_fail_mask, 1u << vt);
+      ordered = true;
+    }
+    if (ordered || lane_status != 0) __threadfence();
     is_last = atomicAdd(&acc.done, 1u) == static_cast<unsigned>(a.data_ctas) - 1u;
+    stop = lane_status != 0;
+    if (stop) {  // a lane error (deadline, mismatch): name the rank that never came, then stop
+      int lost = -1;
+      for (int p = 0; p < n && lost < 0; ++p)
+        if (p != me && load_relaxed_sys(v.arrival(me, p)) < e + 1) lost = p;
+      atomicCAS(&R->error_info, 0u, (static_cast<std::uint32_t>(lost < 0 ? me : lost) << 16) | static_cast<std::uint32_t>(vt + 1));
+    }
   }
   __syncthreads();
   if (stop) return;
