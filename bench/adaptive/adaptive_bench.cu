@@ -632,6 +632,23 @@ int main(int argc, char** argv) {
       out["errors"] = tl[0].error_info();
       out["model_fits"] = fits;
       {
+        // where the end of a collective goes (the last data CTA's tail, healthy collectives)
+        char const* names[7] = {"done count", "counters loaded", "record built", "stored", "flagged", "verdict", "closed"};
+        auto sm = tl[0].samples(e0 + 2, e0 + std::min(o.throttle_at, o.collectives));
+        json tail = json::object();
+        std::string tl_line = "tail of a healthy collective (us after the last data CTA's data phase):";
+        for (int i = 0; i < 7; ++i) {
+          std::vector<double> d;
+          for (auto const& x : sm) d.push_back(static_cast<double>(x.tail_ns[i]) / 1e3);
+          tail[names[i]] = median(d);
+          char b[64];
+          std::snprintf(b, sizeof b, " %s %.2f", names[i], median(d));
+          tl_line += b;
+        }
+        out["tail_us"] = tail;
+        say(tl_line);
+      }
+      {
         auto sn = tl[0].step_ns(e0, e0 + o.collectives);
         std::vector<double> d(sn.begin(), sn.end());
         out["control_step_us_median"] = median(d) / 1e3;

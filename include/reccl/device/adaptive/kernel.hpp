@@ -133,57 +133,53 @@ __device__ __noinline__ void plan_from_chain(adaptive_args const& a, control_reg
   }
 }
 
-/// Step 3's one thread of work: the sealed record and the sample, into shared memory.
-template <Telemetry M>
-__device__ __noinline__ void build_record(adaptive_args const& a, std::uint64_t e, epoch_plan const& plan, int sends,
-                                          unsigned long long const* stalls, unsigned long long const* t0,
-                                          unsigned long long const* t1, unsigned int const* masks, tele_slot& slot,
-                                          vt_sample& smp) {
-  lsa_view const& v = a.base.view;
-  telemetry::stalls tel{};
-  if constexpr (M::enabled)
-    for (int i = 0; i < plan.sp.n_vts; ++i) {
-      tel.add_stalls(i, stalls[i]);
-      tel.add_bytes(i, plan.sp.count[i] * a.unit_bytes * static_cast<std::uint64_t>(sends));
-    }
-  std::uint32_t const faults = masks[0] | plan.quiet;
-  std::uint32_t const probe_ok = plan.probes & ~masks[1];
-  slot.rec = make_record(plan.chain_epoch, v.rank, plan.sp.n_vts, plan.digest, tel, faults, probe_ok);
-  slot.touched = masks[2];
-  slot.pad = 0;
-  slot.flag = e + 1;
-  smp = vt_sample{};
-  smp.epoch = e;
-  smp.n_vts = plan.sp.n_vts;
-  for (int i = 0; i < max_vts; ++i) {
-    smp.stalls[i] = tel.stall_count(i);
-    smp.bytes[i] = tel.byte_count(i);
-    std::uint64_t const a0 = ~static_cast<std::uint64_t>(t0[i]), a1 = t1[i];
-    smp.ns[i] = (M::enabled && t1[i] != 0 && a1 > a0) ? a1 - a0 : 0;
-  }
-}
-
 /// Step 3 (every thread of the last data CTA): this rank's record of collective e into every
 /// rank's inbox (flag last, release), its sample and split into the rings, the counters reset.
 template <Telemetry M>
-RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std::uint64_t e, epoch_plan const& plan, int sends) {
+RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std::uint64_t e, epoch_plan const& plan, int sends,
+                                 std::uint64_t* trace) {
   lsa_view const& v = a.base.view;
   int const tid = static_cast<int>(threadIdx.x);
   counters& acc = R->acc;
-  __shared__ unsigned long long stalls[max_vts], t0[max_vts], t1[max_vts];
-  __shared__ unsigned int masks[3];
   __shared__ tele_slot slot;
   __shared__ vt_sample smp;
+  // the record and the sample, filled in parallel (one thread per VT, thread 32 the header; a
+  // chain of loads and stores on one thread took ~8 us), then sealed by one thread
   if (tid < max_vts) {
     // the VT's stalls: its warps' time in waits that spun, averaged over its pipelines, in quanta
     std::uint64_t const pipes = static_cast<std::uint64_t>(a.base.ctas_per_vt) * ring_warps;
-    stalls[tid] = __ldcg(&acc.wait_ns[tid]) / (pipes * stall_quantum_ns);
-    t0[tid] = __ldcg(&acc.t0[tid]);
-    t1[tid] = __ldcg(&acc.t1[tid]);
+    std::uint64_t const quanta = __ldcg(&acc.wait_ns[tid]) / (pipes * stall_quantum_ns);
+    std::uint64_t const a0 = ~static_cast<std::uint64_t>(__ldcg(&acc.t0[tid])), a1 = __ldcg(&acc.t1[tid]);
+    bool const counted = M::enabled && tid < plan.sp.n_vts;
+    std::uint64_t const st_v = counted ? quanta : 0;
+    std::uint64_t const by_v = counted ? plan.sp.count[tid] * a.unit_bytes * static_cast<std::uint64_t>(sends) : 0;
+    slot.rec.stalls[tid] = smp.stalls[tid] = st_v;
+    slot.rec.bytes[tid] = smp.bytes[tid] = by_v;
+    smp.ns[tid] = (M::enabled && a1 != 0 && a1 > a0) ? a1 - a0 : 0;
   }
-  if (tid >= 32 && tid < 35) masks[tid - 32] = __ldcg(&(&acc.fault_mask)[tid == 32 ? 0 : tid == 33 ? 1 : 2]);
+  if (tid == 32) {
+    std::uint32_t const fault = __ldcg(&acc.fault_mask), probe_fail = __ldcg(&acc.probe_fail_mask);
+    std::uint32_t const touched = __ldcg(&acc.touched_mask);
+    slot.rec.epoch = plan.chain_epoch;
+    slot.rec.rank = v.rank;
+    slot.rec.n_vts = plan.sp.n_vts;
+    slot.rec.fault_mask = fault | plan.quiet;
+    slot.rec.probe_ok_mask = plan.probes & ~probe_fail;
+    slot.rec.state_digest = plan.digest;
+    slot.touched = touched;
+    slot.pad = 0;
+    slot.flag = e + 1;
+    smp.epoch = e;
+    smp.n_vts = plan.sp.n_vts;
+    smp.fault_mask = 0;
+    for (auto& t : smp.tail_ns) t = 0;
+  }
   __syncthreads();
-  if (tid == 0) build_record<M>(a, e, plan, sends, stalls, t0, t1, masks, slot, smp);
+  if (tid == 0) {
+    trace[2] = globaltimer();
+    seal(slot.rec);  // make_record's checksum, on the fields above
+    trace[3] = globaltimer();
+  }
   __syncthreads();
   // everything below is stores, issued by many threads at once
   constexpr int slot_packs = static_cast<int>(sizeof(tele_slot) / 16) - 1;  // the last pack holds the flag
@@ -196,11 +192,13 @@ RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std:
   cta_copy(&R->reports[e % ring_entries].rep.split, &plan.sp, sizeof(split));
   cta_zero(&acc, sizeof(counters));
   __syncthreads();
+  if (tid == 0) trace[4] = globaltimer();
   if (tid < v.nranks) {
     tele_slot* dst = v.tele(tid, static_cast<int>(e & 1u), v.rank);
     fence_sys();  // after the barrier: covers the stores of every thread above (cumulative)
     *reinterpret_cast<std::uint64_t*>(&dst->touched) = *reinterpret_cast<std::uint64_t const*>(&slot.touched);
     store_release_sys(&dst->flag, slot.flag);
+    if (tid == 0) trace[5] = globaltimer();
   }
 }
 
@@ -342,6 +340,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   __shared__ int is_last, stop;
   __shared__ std::uint32_t dead_s, resync_s;
   __shared__ std::uint32_t rank_ok[max_lsa], rank_faults[max_lsa], rank_probe_ok[max_lsa], rank_touched[max_lsa];
+  __shared__ std::uint64_t trace[8];  // the last CTA's tail (vt_sample::tail_ns)
   int const cpv = b.ctas_per_vt;
   int const vt = cta / cpv;
   // ---- 1. plan: every word the prologue needs, one load per thread, all in flight at once
@@ -453,6 +452,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     // the telemetry counters need no fence: a late one only shifts a count between two records.
     // The status word is read while the atomics are in flight.
     counters& acc = R->acc;
+    trace[0] = globaltimer();
     std::uint32_t const lane_status = read_status(st);
     bool ordered = false;
     if (live) {
@@ -476,6 +476,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     }
     if (ordered || lane_status != 0) __threadfence();
     is_last = atomicAdd(&acc.done, 1u) == static_cast<unsigned>(a.data_ctas) - 1u;
+    trace[1] = globaltimer();
     stop = lane_status != 0;
     if (stop) {  // a lane error (deadline, mismatch): name the rank that never came, then stop
       int lost = -1;
@@ -493,7 +494,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     __syncthreads();
     int sends = 0;
     for (int p = 0; p < n; ++p) sends += P.sends_to(p) ? 1 : 0;
-    publish_record<M>(a, R, e, plan, sends);
+    publish_record<M>(a, R, e, plan, sends, trace);
   }
 
   // ---- 4. verdict: every rank's record of e (thread r waits for rank r's and reads its masks)
@@ -519,6 +520,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (tid == 0) {
     stop = 0;
     for (int r = 0; r < n; ++r) stop |= rank_ok[r] == 0u;
+    trace[6] = globaltimer();
   }
   __syncthreads();
   if (stop) return;
@@ -566,7 +568,11 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
 
   // ---- 6. the last data CTA closes the epoch
   if (is_last && tid == 0) {
-    R->samples[e % ring_entries].fault_mask = D;
+    vt_sample& smp = R->samples[e % ring_entries];
+    smp.fault_mask = D;
+    std::uint64_t const t_end = globaltimer();
+    for (int i = 1; i < 7; ++i) smp.tail_ns[i - 1] = trace[i] - trace[0];
+    smp.tail_ns[6] = t_end - trace[0];
     if (D != 0) R->recovered += 1;
     R->quiet = resync_s;
     R->quiet_tag = e + 2;

@@ -107,6 +107,10 @@ struct vt_sample {
   std::uint64_t stalls[max_vts] = {};
   std::uint64_t bytes[max_vts] = {};
   std::uint64_t ns[max_vts] = {};  ///< measured: last CTA end - first CTA start of the VT
+  /// The end of the collective on this rank, ns after the last data CTA finished its data phase
+  /// (a diagnostic): its place on the done count, the counters loaded, the record built, stored,
+  /// flagged (after the system fence), every rank's record seen (the verdict), the epoch closed.
+  std::uint64_t tail_ns[7] = {};
 };
 
 struct report_entry {
