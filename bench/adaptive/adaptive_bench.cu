@@ -633,11 +633,11 @@ int main(int argc, char** argv) {
       out["model_fits"] = fits;
       {
         // where the end of a collective goes (the last data CTA's tail, healthy collectives)
-        char const* names[7] = {"done count", "counters loaded", "record built", "stored", "flagged", "verdict", "closed"};
+        char const* names[4] = {"done count", "verdict sent", "verdict seen", "closed"};
         auto sm = tl[0].samples(e0 + 2, e0 + std::min(o.throttle_at, o.collectives));
         json tail = json::object();
         std::string tl_line = "tail of a healthy collective (us after the last data CTA's data phase):";
-        for (int i = 0; i < 7; ++i) {
+        for (int i = 0; i < 4; ++i) {
           std::vector<double> d;
           for (auto const& x : sm) d.push_back(static_cast<double>(x.tail_ns[i]) / 1e3);
           tail[names[i]] = median(d);

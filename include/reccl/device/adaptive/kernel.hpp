@@ -6,23 +6,29 @@
 //   collective e, rank me, grid = data CTAs (VT v owns CTAs [v*c, (v+1)*c)) + 1 control CTA
 //
 //   data CTAs                                              control CTA
-//   1 plan: the plan slot of e (split, probes, digest),    step chain[(e+1)&1] with the records
-//     prepared by the control CTA of e-1, minus the        of e-1 (all in this rank's inbox) ->
-//     quiet VTs of e-1                                     report of e-1, plan slot of e+1
-//   2 data phase: live VTs move their block (pipe_range,   (runs while the data phase runs)
-//     stall counting, throttle/dead injection, VT
+//   1 plan: the plan slot of e (split, probes, digest),    the record of e-1 (its counters and
+//     prepared by the control CTA of e-1, minus the        draft) sealed and sent to every rank;
+//     quiet VTs of e-1; CTA 0 writes e's record draft      the counters of e-1 reset; then, with
+//     (digest, bytes per VT, probes)                       every rank's record of e-1, step
+//   2 data phase: live VTs move their block (pipe_range,   chain[(e+1)&1] -> report of e-1, plan
+//     stall counting, throttle/dead injection, VT          slot of e+1 (all beside the data phase)
 //     deadline); masked VTs with a probe bit move a probe
 //     block; the rest idle
-//   3 the last data CTA to finish builds this rank's epoch_record (stalls, bytes, fault and probe
-//     bits, chain digest), seals it and stores it into every rank's inbox (release)
-//   4 verdict: every data CTA waits for every rank's record of e (the lane deadline bounds it: a
+//   3 the last data CTA to finish sends this rank's verdict words (fault, failed-probe and touched
+//     bits, tagged with e) to every rank, after a system fence
+//   4 verdict: every data CTA waits for every rank's words of e (the lane deadline bounds it: a
 //     lost rank is status::timeout with its rank in error_info; each rank also stores an arrival
 //     word into every peer at its start, so a data-phase timeout names the rank that never came)
 //   5 recovery: the VTs some rank faulted on (D) are redone by the CTAs of the other live VTs,
 //     through their own rings (split evenly, the same on every rank); D's own CTAs and those of
 //     failed probes re-poison their rings and re-arm their flags (resync), so a later probe
 //     starts clean; D and the failed probes are quiet (carried as faults) in e+1
-//   6 the last data CTA writes this rank's sample (stalls, bytes, measured ns per VT) and e+1
+//   6 the last data CTA closes e (the sample's fault bits and tail, the quiet VTs, the epoch)
+//
+// So the end of a collective carries two tagged words per rank pair; the record (stalls, bytes,
+// digest, checksum: ~300 bytes, sealed by a sequential hash) is exchanged one collective later,
+// beside the data phase, and reaches the step exactly when it did at the end of e-1: the split of
+// e+1 still comes from the records of e-1.
 //
 // Recovery redoes a dead VT's whole block from the inputs, so an in-place collective whose dead
 // VT had already written part of its output (on any rank) cannot be recovered: status::internal.
@@ -133,72 +139,93 @@ __device__ __noinline__ void plan_from_chain(adaptive_args const& a, control_reg
   }
 }
 
-/// Step 3 (every thread of the last data CTA): this rank's record of collective e into every
-/// rank's inbox (flag last, release), its sample and split into the rings, the counters reset.
+/// Step 1 (every thread of data CTA 0): what this collective's record will carry besides its
+/// counters (read by the control CTA of e+1), and its split for the report.
 template <Telemetry M>
-RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std::uint64_t e, epoch_plan const& plan, int sends,
-                                 std::uint64_t* trace) {
+RECCL_DEVICE void write_draft(adaptive_args const& a, control_region* R, std::uint64_t e, epoch_plan const& plan) {
   lsa_view const& v = a.base.view;
   int const tid = static_cast<int>(threadIdx.x);
-  counters& acc = R->acc;
+  record_draft& d = R->drafts[e & 1u];
+  if (tid < max_vts) {
+    pattern const P = make_pattern(a.base.coll, v.rank, v.nranks, a.base.root);
+    std::uint64_t sends = 0;
+    for (int p = 0; p < v.nranks; ++p) sends += P.sends_to(p) ? 1u : 0u;
+    d.bytes[tid] = (M::enabled && tid < plan.sp.n_vts) ? plan.sp.count[tid] * a.unit_bytes * sends : 0;
+  }
+  if (tid == 32) {
+    d.chain_epoch = plan.chain_epoch;
+    d.digest = plan.digest;
+    d.quiet = plan.quiet;
+    d.probes = plan.probes;
+    d.n_vts = plan.sp.n_vts;
+    d.pipes = static_cast<std::uint32_t>(a.base.ctas_per_vt) * ring_warps;
+  }
+  cta_copy(&R->reports[e % ring_entries].rep.split, &plan.sp, sizeof(split));
+}
+
+/// The control CTA of e+1 (every thread): collective e's record (its counters and draft) into
+/// every rank's inbox (flag last, release), its sample into the ring. One thread per field, one
+/// thread seals (a chain of loads and stores on one thread took ~8 us).
+template <Telemetry M>
+RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std::uint64_t e) {
+  lsa_view const& v = a.base.view;
+  int const tid = static_cast<int>(threadIdx.x);
+  counters const& acc = R->acc[e & 1u];
+  record_draft const& d = R->drafts[e & 1u];
+  vt_sample& smp = R->samples[e % ring_entries];
   __shared__ tele_slot slot;
-  __shared__ vt_sample smp;
-  // the record and the sample, filled in parallel (one thread per VT, thread 32 the header; a
-  // chain of loads and stores on one thread took ~8 us), then sealed by one thread
+  int const n_vts = __ldcg(&d.n_vts);
   if (tid < max_vts) {
     // the VT's stalls: its warps' time in waits that spun, averaged over its pipelines, in quanta
-    std::uint64_t const pipes = static_cast<std::uint64_t>(a.base.ctas_per_vt) * ring_warps;
+    std::uint64_t const pipes = __ldcg(&d.pipes);
     std::uint64_t const quanta = __ldcg(&acc.wait_ns[tid]) / (pipes * stall_quantum_ns);
     std::uint64_t const a0 = ~static_cast<std::uint64_t>(__ldcg(&acc.t0[tid])), a1 = __ldcg(&acc.t1[tid]);
-    bool const counted = M::enabled && tid < plan.sp.n_vts;
+    bool const counted = M::enabled && tid < n_vts;
     std::uint64_t const st_v = counted ? quanta : 0;
-    std::uint64_t const by_v = counted ? plan.sp.count[tid] * a.unit_bytes * static_cast<std::uint64_t>(sends) : 0;
+    std::uint64_t const by_v = __ldcg(&d.bytes[tid]);
     slot.rec.stalls[tid] = smp.stalls[tid] = st_v;
     slot.rec.bytes[tid] = smp.bytes[tid] = by_v;
     smp.ns[tid] = (M::enabled && a1 != 0 && a1 > a0) ? a1 - a0 : 0;
   }
   if (tid == 32) {
-    std::uint32_t const fault = __ldcg(&acc.fault_mask), probe_fail = __ldcg(&acc.probe_fail_mask);
-    std::uint32_t const touched = __ldcg(&acc.touched_mask);
-    slot.rec.epoch = plan.chain_epoch;
+    slot.rec.epoch = __ldcg(&d.chain_epoch);
     slot.rec.rank = v.rank;
-    slot.rec.n_vts = plan.sp.n_vts;
-    slot.rec.fault_mask = fault | plan.quiet;
-    slot.rec.probe_ok_mask = plan.probes & ~probe_fail;
-    slot.rec.state_digest = plan.digest;
-    slot.touched = touched;
+    slot.rec.n_vts = n_vts;
+    slot.rec.fault_mask = __ldcg(&acc.fault_mask) | __ldcg(&d.quiet);
+    slot.rec.probe_ok_mask = __ldcg(&d.probes) & ~__ldcg(&acc.probe_fail_mask);
+    slot.rec.state_digest = __ldcg(&d.digest);
     slot.pad = 0;
     slot.flag = e + 1;
     smp.epoch = e;
-    smp.n_vts = plan.sp.n_vts;
-    smp.fault_mask = 0;
-    for (auto& t : smp.tail_ns) t = 0;
+    smp.n_vts = n_vts;
   }
   __syncthreads();
-  if (tid == 0) {
-    trace[2] = globaltimer();
-    seal(slot.rec);  // make_record's checksum, on the fields above
-    trace[3] = globaltimer();
-  }
+  if (tid == 0) seal(slot.rec);  // make_record's checksum, on the fields above
   __syncthreads();
-  // everything below is stores, issued by many threads at once
   constexpr int slot_packs = static_cast<int>(sizeof(tele_slot) / 16) - 1;  // the last pack holds the flag
   for (int i = tid; i < v.nranks * slot_packs; i += cta_threads) {
     int const p = i / slot_packs, k = i % slot_packs;
     store_pack(reinterpret_cast<pack16*>(v.tele(p, static_cast<int>(e & 1u), v.rank)) + k,
                reinterpret_cast<pack16 const*>(&slot)[k]);
   }
-  cta_copy(&R->samples[e % ring_entries], &smp, sizeof(vt_sample));
-  cta_copy(&R->reports[e % ring_entries].rep.split, &plan.sp, sizeof(split));
-  cta_zero(&acc, sizeof(counters));
   __syncthreads();
-  if (tid == 0) trace[4] = globaltimer();
   if (tid < v.nranks) {
-    tele_slot* dst = v.tele(tid, static_cast<int>(e & 1u), v.rank);
     fence_sys();  // after the barrier: covers the stores of every thread above (cumulative)
-    *reinterpret_cast<std::uint64_t*>(&dst->touched) = *reinterpret_cast<std::uint64_t const*>(&slot.touched);
-    store_release_sys(&dst->flag, slot.flag);
-    if (tid == 0) trace[5] = globaltimer();
+    store_release_sys(&v.tele(tid, static_cast<int>(e & 1u), v.rank)->flag, slot.flag);
+  }
+}
+
+/// Polls a verdict word until it carries `tag` (its high half); its low half into `payload`.
+template <class Guard>
+RECCL_DEVICE bool wait_tagged(std::uint64_t const* word, std::uint32_t tag, Guard& guard, std::uint32_t& payload) {
+  guard.begin();
+  for (std::uint32_t k = 1;; ++k) {
+    std::uint64_t const x = load_acquire_sys(word);
+    if (static_cast<std::uint32_t>(x >> 32) == tag) {
+      payload = static_cast<std::uint32_t>(x);
+      return true;
+    }
+    if (k % Guard::period == 0 && guard.give_up()) return false;
   }
 }
 
@@ -248,15 +275,17 @@ __device__ __noinline__ int step_chain(adaptive_args const& a, control_region* R
   return ok_s;
 }
 
-/// The control CTA (every thread): chain[(e+1)&1] stepped with the records of e-1 -> state of
-/// e+1, its plan slot, the report of e-1. Thread 0 computes on shared-memory copies.
-template <class A>
+/// The control CTA (every thread): the record of e-1 built, sent to every rank and the counters
+/// of e-1 reset; then, with every rank's record of e-1, chain[(e+1)&1] stepped -> state of e+1,
+/// its plan slot, the report of e-1. Thread 0 computes on shared-memory copies.
+template <class A, Telemetry M>
 RECCL_DEVICE void control_step(adaptive_args const& a, control_region* R, std::uint64_t e) {
-  if (e == 0 || e - 1 < R->first_epoch) return;  // no record of this state's chains yet
+  if (e == 0) return;
   lsa_view const& v = a.base.view;
   std::uint32_t* const st = v.status();
   int const tid = static_cast<int>(threadIdx.x);
-  int const c = static_cast<int>((e + 1) & 1u);
+  int const c = static_cast<int>((e + 1) & 1u);  // the parity of e-1 and of e+1
+  bool const stepped = e - 1 >= R->first_epoch && !(a.ablate & 1u);  // a record of this state's chains
   __shared__ alignas(16) unsigned char chain_s[chain_bytes];
   __shared__ tele_slot recs_s[max_lsa];
   __shared__ report_entry rep_s;
@@ -264,10 +293,26 @@ RECCL_DEVICE void control_step(adaptive_args const& a, control_region* R, std::u
   __shared__ pending_model pm_s;
   __shared__ int ok_s;
   std::uint64_t const t_begin = globaltimer();
+  if (stepped) publish_record<M>(a, R, e - 1);
+  __syncthreads();
+  cta_zero(&R->acc[c], sizeof(counters));  // collective e+1 counts into them
+  if (!stepped) return;
+  if (tid == 0) ok_s = 1;
+  __syncthreads();
+  if (tid < v.nranks) {  // every rank's record of e-1 (its control CTA of e sends it)
+    deadline_clock dl(a.base.timeout_ns);
+    std::uint64_t spins = 0;
+    if (!wait_at_least(&v.tele(v.rank, c, tid)->flag, e, dl, st, spins)) {
+      record_fatal(R, st, status::timeout, tid, -1);
+      ok_s = 0;
+    }
+  }
   cta_copy_cg(chain_s, R->chain[c], padded_bytes<control<A>>);
-  for (int r = 0; r < v.nranks; ++r) cta_copy_cg(&recs_s[r], v.tele(v.rank, c, r), sizeof(tele_slot));
   cta_copy_cg(&pm_s, &R->model, sizeof(pending_model));
   cta_copy_cg(&rep_s.rep.split, &R->reports[(e - 1) % ring_entries].rep.split, sizeof(split));
+  __syncthreads();  // the records only once every flag was seen
+  if (!ok_s) return;
+  for (int r = 0; r < v.nranks; ++r) cta_copy_cg(&recs_s[r], v.tele(v.rank, c, r), sizeof(tele_slot));
   __syncthreads();
   if (tid == 0) ok_s = step_chain<A>(a, R, e, c, chain_s, recs_s, rep_s, plan_s, pm_s, t_begin);
   __syncthreads();
@@ -280,8 +325,8 @@ RECCL_DEVICE void control_step(adaptive_args const& a, control_region* R, std::u
 /// Step 5's resync of this CTA's rings: poison the slots peers may have written in this
 /// collective (the last min(chunks, depth) sequences of each warp pair) and re-arm the flags at
 /// the current sequence, as if every earlier chunk had arrived and been credited. Called only
-/// after the verdict, when no peer writes into these rings any more (each rank's record follows
-/// all of its data-phase stores), and only for VTs that carry nothing in the next collective.
+/// after the verdict, when no peer writes into these rings any more (each rank's verdict words
+/// follow all of its data-phase stores), and only for VTs that carry nothing in the next collective.
 RECCL_DEVICE void resync_rings(lsa_view const& v, int cta, pipe_cta const& cs) {
   int const tid = static_cast<int>(threadIdx.x);
   int const warp = tid / 32, lane = tid % 32;
@@ -339,8 +384,8 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   __shared__ std::uint32_t quiet_s, status_s;
   __shared__ int is_last, stop;
   __shared__ std::uint32_t dead_s, resync_s;
-  __shared__ std::uint32_t rank_ok[max_lsa], rank_faults[max_lsa], rank_probe_ok[max_lsa], rank_touched[max_lsa];
-  __shared__ std::uint64_t trace[8];  // the last CTA's tail (vt_sample::tail_ns)
+  __shared__ std::uint32_t rank_ok[max_lsa], rank_faults[max_lsa], rank_probe_fail[max_lsa], rank_touched[max_lsa];
+  __shared__ std::uint64_t trace[4];  // the last CTA's tail (vt_sample::tail_ns)
   int const cpv = b.ctas_per_vt;
   int const vt = cta / cpv;
   // ---- 1. plan: every word the prologue needs, one load per thread, all in flight at once
@@ -366,7 +411,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (status_s != 0) return;
   std::uint64_t const e = epoch_s;
   if (cta == a.data_ctas) {  // the control CTA
-    if (!(a.ablate & 1u)) control_step<A>(a, R, e);
+    control_step<A, M>(a, R, e);
     return;
   }
   plan_slot const& ps = ps2[e & 1u];
@@ -400,8 +445,8 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     cx.lane_end = 0;
     cx.status_word = st;
     cx.cta_abort = &cs.abort_flag;
-    cx.live_done = &R->acc.live_done;
-    cx.live_ended = &R->acc.live_ended;
+    cx.live_done = &R->acc[e & 1u].live_done;
+    cx.live_ended = &R->acc[e & 1u].live_ended;
     cx.live_ctas = plan.live_ctas;
     cx.vt_fault = cx.probe_failed = cx.touched = 0;
     cx.dead = dead ? 1 : 0;
@@ -415,6 +460,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (cta == 0 && tid < n && tid != me) store_relaxed_sys(v.arrival(tid, me), e + 1);  // for naming a lost rank
   __syncthreads();
   if (cs.abort_flag) return;
+  if (cta == 0) write_draft<M>(a, R, e, plan);
 
   // ---- 2. data phase
   pattern const P = make_pattern(b.coll, me, n, b.root);
@@ -451,7 +497,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     // is recovered, so they are ordered before `done` (a fence, only when there is such a bit);
     // the telemetry counters need no fence: a late one only shifts a count between two records.
     // The status word is read while the atomics are in flight.
-    counters& acc = R->acc;
+    counters& acc = R->acc[e & 1u];
     trace[0] = globaltimer();
     std::uint32_t const lane_status = read_status(st);
     bool ordered = false;
@@ -488,30 +534,39 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   __syncthreads();
   if (stop) return;
 
-  // ---- 3. the last data CTA publishes this rank's record
-  if (is_last) {
-    if (tid == 0) __threadfence();
-    __syncthreads();
-    int sends = 0;
-    for (int p = 0; p < n; ++p) sends += P.sends_to(p) ? 1 : 0;
-    publish_record<M>(a, R, e, plan, sends, trace);
-  }
-
-  // ---- 4. verdict: every rank's record of e (thread r waits for rank r's and reads its masks)
+  // ---- 3. the last data CTA sends this rank's verdict words (fault, probe, touched bits) to
+  // every rank; the fence orders this rank's data-phase stores before them (a resync relies on it)
   if (a.ablate & 2u) {
     if (tid < ring_warps) *v.ring_seq(cta, tid) = cs.base_seq[tid];
     if (is_last && tid == 0) *static_cast<volatile std::uint64_t*>(&R->epoch) = e + 1;
     return;
   }
+  if (is_last) {
+    if (tid == 0) __threadfence();
+    __syncthreads();
+    if (tid < n) {
+      counters const& acc = R->acc[e & 1u];
+      std::uint32_t const fault = __ldcg(&acc.fault_mask), probe_fail = __ldcg(&acc.probe_fail_mask);
+      std::uint32_t const touched = __ldcg(&acc.touched_mask);
+      std::uint64_t* const dst = v.verdict(tid, static_cast<int>(e & 1u), me);
+      fence_sys();
+      store_relaxed_sys(dst, verdict_word(e, (fault & 0xffffu) | (probe_fail << 16)));
+      store_relaxed_sys(dst + 1, verdict_word(e, touched));
+      if (tid == 0) trace[2] = globaltimer();
+    }
+  }
+
+  // ---- 4. verdict: every rank's verdict words of e (thread r waits for rank r's)
   if (tid < n) {
     verdict_guard g{&cx};
-    std::uint64_t spins = 0;
-    tele_slot const* s = v.tele(me, static_cast<int>(e & 1u), tid);
-    rank_ok[tid] = wait_at_least(&s->flag, e + 1, g, spins) ? 1u : 0u;
+    std::uint64_t const* w = v.verdict(me, static_cast<int>(e & 1u), tid);
+    std::uint32_t const tag = static_cast<std::uint32_t>(e + 1);
+    std::uint32_t w0 = 0, w1 = 0;
+    rank_ok[tid] = wait_tagged(w, tag, g, w0) && wait_tagged(w + 1, tag, g, w1) ? 1u : 0u;
     if (rank_ok[tid]) {
-      rank_faults[tid] = __ldcg(&s->rec.fault_mask);
-      rank_probe_ok[tid] = __ldcg(&s->rec.probe_ok_mask);
-      rank_touched[tid] = __ldcg(&s->touched);
+      rank_faults[tid] = w0 & 0xffffu;
+      rank_probe_fail[tid] = w0 >> 16;
+      rank_touched[tid] = w1;
     } else {
       atomicCAS(&R->error_info, 0u, (static_cast<std::uint32_t>(tid) << 16));
     }
@@ -520,17 +575,18 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (tid == 0) {
     stop = 0;
     for (int r = 0; r < n; ++r) stop |= rank_ok[r] == 0u;
-    trace[6] = globaltimer();
+    trace[3] = globaltimer();
   }
   __syncthreads();
   if (stop) return;
   if (tid == 0) {
-    std::uint32_t faults_any = 0, touched_any = 0, probe_all = plan.probes;
+    std::uint32_t faults_any = 0, touched_any = 0, probe_fail_any = 0;
     for (int r = 0; r < n; ++r) {
       faults_any |= rank_faults[r];
-      probe_all &= rank_probe_ok[r];
+      probe_fail_any |= rank_probe_fail[r];
       touched_any |= rank_touched[r];
     }
+    std::uint32_t const probe_all = plan.probes & ~probe_fail_any;
     std::uint32_t const D = faults_any & ~plan.quiet & sp.live_mask;
     dead_s = D;
     resync_s = D | (plan.probes & ~probe_all);
@@ -571,8 +627,8 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     vt_sample& smp = R->samples[e % ring_entries];
     smp.fault_mask = D;
     std::uint64_t const t_end = globaltimer();
-    for (int i = 1; i < 7; ++i) smp.tail_ns[i - 1] = trace[i] - trace[0];
-    smp.tail_ns[6] = t_end - trace[0];
+    for (int i = 1; i < 4; ++i) smp.tail_ns[i - 1] = trace[i] - trace[0];
+    smp.tail_ns[3] = t_end - trace[0];
     if (D != 0) R->recovered += 1;
     R->quiet = resync_s;
     R->quiet_tag = e + 2;

@@ -7,7 +7,9 @@
 //   │ epoch            index of the next adaptive collective on this lane (global epoch e);   │
 //   │                  first_epoch: where the current control state (chains) started          │
 //   │ quiet            VTs that faulted or failed a probe in e-1: carried as faults in e      │
-//   │ counters         this collective's stalls, VT times, fault / probe / touched bits, done │
+//   │ counters[2]      per parity of the collective: stalls, VT times, fault / probe /        │
+//   │                  touched bits, done count (reset by the control CTA of the next one)    │
+//   │ drafts[2]        per parity: what the collective's record carries besides its counters  │
 //   │ faults           injected throttles and dead VTs, keyed by epoch (host-written)         │
 //   │ model            a cost model the host installed, with the epoch it applies from        │
 //   │ chain[2], plan[2] control<A> of the even and of the odd collectives; what the control   │
@@ -15,7 +17,15 @@
 //   │ reports[R]       epoch_report of every collective (written one collective later)       │
 //   │ samples[R]       this rank's per-VT stalls, bytes and measured ns (for the host fit)    │
 //   └─────────────────────────────────────────────────────────────────────────────────────────┘
-//   telemetry inbox (written by every rank into every rank): tele_slot[2 parities][src rank]
+//   telemetry inbox (written by every rank into every rank): tele_slot[2 parities][src rank],
+//   verdict words [2 parities][src rank][2], arrival words [src rank]
+//
+// The end of collective e is the verdict: every rank's last data CTA sends two tagged words (its
+// fault, probe and touched bits) to every rank, and every data CTA waits for all of them, which
+// is all that recovery needs to agree on. The full record of e (stalls, bytes, digest, checksum)
+// is built and exchanged by the control CTA of e+1, beside e+1's data phase, just before that CTA
+// steps with those records: the records reach the step as early as before, and the tail of every
+// collective carries only the verdict.
 //
 // Two control chains. One GPU thread needs ~39 us for control<texcp>::step with 8 VTs and 2 ranks
 // (bench/perf/control_step.cu on an H200): more than a 64 MiB collective can spend between two
@@ -71,7 +81,8 @@ struct pending_model {
   telemetry::cost_model_q model{};
 };
 
-/// This collective's counters on this rank. Reset by the last data CTA after it built the record.
+/// A collective's counters on this rank (one set per parity of the collective index). Reset by
+/// the control CTA of the next collective once it has read them into the record.
 struct counters {
   unsigned long long wait_ns[max_vts];  ///< time the VT's warps spent in waits that spun (summed)
   unsigned long long t0[max_vts];      ///< first start of a CTA of the VT (%globaltimer)
@@ -83,6 +94,18 @@ struct counters {
   unsigned int live_done;              ///< CTAs of live VTs that finished their block
   unsigned int live_ended;             ///< CTAs of live VTs past their data phase (finished or faulted)
   unsigned int pad[2];
+};
+
+/// What collective e's record carries besides its counters, written by data CTA 0 when e starts
+/// (the data CTAs all compute the same plan), read by the control CTA of e+1.
+struct record_draft {
+  std::uint64_t chain_epoch = 0;  ///< the record's epoch
+  std::uint64_t digest = 0;       ///< the record's state_digest
+  std::uint32_t quiet = 0;        ///< carried faults (in the record's fault_mask)
+  std::uint32_t probes = 0;       ///< probed VTs
+  std::int32_t n_vts = 0;
+  std::uint32_t pipes = 1;        ///< warp pairs per VT (a VT's stalls are its pipes' mean wait)
+  std::uint64_t bytes[max_vts] = {};  ///< the bytes each VT carried (0 without telemetry)
 };
 
 /// What the control CTA of collective e-1 prepares for collective e (one per chain): the chain
@@ -108,9 +131,9 @@ struct vt_sample {
   std::uint64_t bytes[max_vts] = {};
   std::uint64_t ns[max_vts] = {};  ///< measured: last CTA end - first CTA start of the VT
   /// The end of the collective on this rank, ns after the last data CTA finished its data phase
-  /// (a diagnostic): its place on the done count, the counters loaded, the record built, stored,
-  /// flagged (after the system fence), every rank's record seen (the verdict), the epoch closed.
-  std::uint64_t tail_ns[7] = {};
+  /// (a diagnostic): its place on the done count, its verdict words sent, every rank's verdict
+  /// seen, the epoch closed.
+  std::uint64_t tail_ns[4] = {};
 };
 
 struct report_entry {
@@ -126,7 +149,8 @@ struct control_region {
   std::uint32_t quiet;
   std::uint32_t error_info;  ///< first fatal error: rank << 16 | (vt + 1), 0 if none
   std::uint64_t recovered;   ///< collectives that recovered a VT (cumulative)
-  counters acc;
+  counters acc[2];
+  record_draft drafts[2];
   fault_table faults;
   pending_model model;
   std::uint64_t chain_model_seq[2];
@@ -140,9 +164,19 @@ struct control_region {
 /// epoch + 1) is stored last, with release semantics: a reader that acquires it sees the rest.
 struct alignas(16) tele_slot {
   epoch_record rec;
-  std::uint32_t touched = 0;  ///< faulted VTs that had written part of this rank's output
-  std::uint32_t pad = 0;
+  std::uint64_t pad = 0;
   std::uint64_t flag = 0;
 };
+
+/// The verdict words one rank sends every rank at the end of collective e, each tagged with
+/// uint32(e + 1) in its high half so it needs no flag: word 0 carries the VTs whose data CTAs
+/// faulted (low 16 bits) and the probed VTs whose probe failed (high 16), word 1 the faulted VTs
+/// that had written part of this rank's output. A slot of parity p last held collective e - 2's
+/// words, so the tag tells them apart.
+inline constexpr int verdict_words = 2;
+RECCL_HOST_DEVICE constexpr std::uint64_t verdict_word(std::uint64_t e, std::uint32_t payload) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(e + 1)) << 32) | payload;
+}
+static_assert(max_vts <= 16, "verdict words carry 16-bit VT masks");
 
 }  // namespace reccl::device::adaptive
