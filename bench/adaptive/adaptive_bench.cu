@@ -447,23 +447,33 @@ int main(int argc, char** argv) {
     // ---- 2b. where the overhead goes: the same interleaving with parts of the loop switched off
     if (o.study) {
       using none_lane = reccl::adaptive_lane<reccl::allocator::equal, reccl::telemetry::none>;
+      using equal_stalls_lane = reccl::adaptive_lane<reccl::allocator::equal, reccl::telemetry::stalls>;
+      enum class kind { texcp_stalls, equal_none, equal_stalls };
       struct variant {
         char const* name;
         std::uint32_t ablate;
-        bool none;
+        kind k;
       };
-      std::vector<variant> const vs = {{"texcp+stalls", 0, false},         {"no control step", 1, false},
-                                       {"no step, no verdict", 3, false},  {"no step, no verdict, host split", 7, false},
-                                       {"equal+none", 0, true},            {"equal+none, all off", 7, true},
-                                       {"data phase only", 15, true},      {"data phase only, no prologue loads", 31, true}};
+      std::vector<variant> const vs = {{"texcp+stalls", 0, kind::texcp_stalls},
+                                       {"no control step", 1, kind::texcp_stalls},
+                                       {"no step, no verdict", 3, kind::texcp_stalls},
+                                       {"no step, no verdict, host split", 7, kind::texcp_stalls},
+                                       {"equal+stalls", 0, kind::equal_stalls},
+                                       {"equal+none", 0, kind::equal_none},
+                                       {"equal+none, all off", 7, kind::equal_none},
+                                       {"data phase only", 15, kind::equal_none},
+                                       {"data phase only, no prologue loads", 31, kind::equal_none}};
       json st = json::array();
       for (auto const& vr : vs) {
         reccl::adaptive_options ao = lane_options(o, 1);
         ao.ablate = vr.ablate;
         std::vector<std::vector<double>> t;
         auto measure = [&](auto& L) { t = rounds(ar, o.overhead_runs / 2, 3, [&](int r) { launch_lane(L, w, ar, r); }); };
-        if (vr.none) {
+        if (vr.k == kind::equal_none) {
           auto L = none_lane::create_all(w.ptrs(), ao);
+          measure(L);
+        } else if (vr.k == kind::equal_stalls) {
+          auto L = equal_stalls_lane::create_all(w.ptrs(), ao);
           measure(L);
         } else {
           auto L = texcp_lane::create_all(w.ptrs(), ao, tx);
@@ -632,12 +642,12 @@ int main(int argc, char** argv) {
       out["errors"] = tl[0].error_info();
       out["model_fits"] = fits;
       {
-        // where the end of a collective goes (the last data CTA's tail, healthy collectives)
-        char const* names[4] = {"done count", "verdict sent", "verdict seen", "closed"};
+        // where the end of a collective goes (after this rank's last data CTA, healthy collectives)
+        char const* names[2] = {"verdict seen", "closed"};
         auto sm = tl[0].samples(e0 + 2, e0 + std::min(o.throttle_at, o.collectives));
         json tail = json::object();
         std::string tl_line = "tail of a healthy collective (us after the last data CTA's data phase):";
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 2; ++i) {
           std::vector<double> d;
           for (auto const& x : sm) d.push_back(static_cast<double>(x.tail_ns[i]) / 1e3);
           tail[names[i]] = median(d);

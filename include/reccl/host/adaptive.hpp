@@ -10,8 +10,9 @@
 //
 // What happens in each collective is in device/adaptive/kernel.hpp; what the state is, in
 // device/adaptive/state.hpp. In short: each VT's pipelines time the waits that spun (senders for
-// credit, receivers for data) and every rank publishes an epoch_record at the end; a spare CTA of
-// the next collective runs control<A>::step on the records (two chains, even and odd collectives);
+// credit, receivers for data); every data CTA ends with a tagged verdict word to every rank (its
+// fault and probe bits); a spare CTA of the next collective builds and exchanges each rank's
+// epoch_record and runs control<A>::step on them (two chains, even and odd collectives);
 // a VT that stops making progress while another VT finished is recovered inside the same kernel by
 // the live VTs and masked, and probes riding on later collectives bring it back.
 //
@@ -24,9 +25,9 @@
 //  * A VT fault is not an error: the result is correct, the report says which VT was recovered.
 //    A rank that never arrives, ranks that disagree, or the loss of every VT fail the lane (the
 //    communicator's check() throws; error_info() names the rank, and the VT where known).
-//  * The step runs one collective behind (see state.hpp), so the report of collective e appears
-//    once collective e+1 has run.
-//  * All data CTAs of a collective must be resident at once (they wait for each other's records):
+//  * The step runs one collective behind (see state.hpp), so the report and the sample of
+//    collective e appear once collective e+1 has run.
+//  * All data CTAs of a collective must be resident at once (they wait for each other's verdicts):
 //    VTs x CTAs per VT + 1 must fit the GPU (create_all checks it).
 #pragma once
 
@@ -84,8 +85,8 @@ struct adaptive_options {
   /// (device::adaptive::stall_quantum_ns), a byte 1/50 GB/s, no fixed cost.
   telemetry::cost_model_q model{device::adaptive::stall_quantum_ns << telemetry::cost_model_q::frac_bits, 335544, 0, 0};
   shares initial{};       ///< starting shares of both chains (n_vts 0: equal); e.g. a static split for allocator::fixed
-  /// Measurement only, to price the loop's parts (bench/adaptive): bit 0 skips the control step,
-  /// bit 1 the verdict (so also recovery), bit 2 the device-side plan (the host's equal split is
+  /// Measurement only, to price the loop's parts (bench/adaptive): bit 0 skips the control CTA's
+  /// work (the record exchange and the step), bit 1 the verdict (so also recovery), bit 2 the device-side plan (the host's equal split is
   /// used), bit 3 everything after the data phase (no record), bit 4 the prologue's loads; bits
   /// 1-2 need bit 0, bits 3-4 need bits 0-2. Results stay right without faults; nothing adapts.
   std::uint32_t ablate = 0;

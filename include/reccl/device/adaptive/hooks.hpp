@@ -113,7 +113,7 @@ struct recovery_guard {
   RECCL_DEVICE bool give_up() { return cx->stopped() || cx->lane_expired(); }
 };
 
-/// The verdict (every rank's record): the lane deadline only; this CTA may have given up on its
+/// The verdict (every CTA's verdict word of every rank): the lane deadline only; this CTA may have given up on its
 /// own VT, so its abort flag does not end this wait.
 struct verdict_guard {
   adaptive_ctx* cx;

@@ -14,21 +14,22 @@
 //     stall counting, throttle/dead injection, VT          slot of e+1 (all beside the data phase)
 //     deadline); masked VTs with a probe bit move a probe
 //     block; the rest idle
-//   3 the last data CTA to finish sends this rank's verdict words (fault, failed-probe and touched
-//     bits, tagged with e) to every rank, after a system fence
-//   4 verdict: every data CTA waits for every rank's words of e (the lane deadline bounds it: a
-//     lost rank is status::timeout with its rank in error_info; each rank also stores an arrival
-//     word into every peer at its start, so a data-phase timeout names the rank that never came)
+//   3 every data CTA sends its verdict word (faulted, probe failed, touched; tagged with e) to
+//     every rank, after a system fence, and adds its counters for the record (no return)
+//   4 verdict: every data CTA waits for the words of every data CTA of every rank (the lane
+//     deadline bounds it: a lost rank is status::timeout with its rank in error_info; each rank
+//     also stores an arrival word into every peer at its start, so a data-phase timeout names
+//     the rank that never came)
 //   5 recovery: the VTs some rank faulted on (D) are redone by the CTAs of the other live VTs,
 //     through their own rings (split evenly, the same on every rank); D's own CTAs and those of
 //     failed probes re-poison their rings and re-arm their flags (resync), so a later probe
 //     starts clean; D and the failed probes are quiet (carried as faults) in e+1
-//   6 the last data CTA closes e (the sample's fault bits and tail, the quiet VTs, the epoch)
+//   6 data CTA 0 closes e (the sample's fault bits and tail, the quiet VTs, the epoch)
 //
-// So the end of a collective carries two tagged words per rank pair; the record (stalls, bytes,
-// digest, checksum: ~300 bytes, sealed by a sequential hash) is exchanged one collective later,
-// beside the data phase, and reaches the step exactly when it did at the end of e-1: the split of
-// e+1 still comes from the records of e-1.
+// So the end of a collective is one fence and one tagged word per CTA and rank, with no counter
+// round trip on the way; the record (stalls, bytes, digest, checksum: ~300 bytes, sealed by a
+// sequential hash) is exchanged one collective later, beside the data phase, and still reaches
+// the step in time: the split of e+1 comes from the records of e-1.
 //
 // Recovery redoes a dead VT's whole block from the inputs, so an in-place collective whose dead
 // VT had already written part of its output (on any rank) cannot be recovered: status::internal.
@@ -36,8 +37,9 @@
 // dies in mid-transfer can. Out-of-place collectives always recover.
 //
 // Latency: whatever runs between the data phase and the end of the kernel delays every collective,
-// so steps 1, 3 and 4 read device memory with one parallel load per thread into shared memory
-// and let one thread compute on the copy (a chain of dependent loads costs ~0.7 us each).
+// so step 1 reads device memory with one parallel load per thread into shared memory and lets
+// one thread compute on the copy (a chain of dependent loads costs ~0.7 us each), and steps 3-4
+// are one store and one poll per thread.
 #pragma once
 
 #include <cstdint>
@@ -174,6 +176,9 @@ RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std:
   record_draft const& d = R->drafts[e & 1u];
   vt_sample& smp = R->samples[e % ring_entries];
   __shared__ tele_slot slot;
+  __shared__ unsigned long long t_last;
+  if (tid == 0) t_last = 0;
+  __syncthreads();
   int const n_vts = __ldcg(&d.n_vts);
   if (tid < max_vts) {
     // the VT's stalls: its warps' time in waits that spun, averaged over its pipelines, in quanta
@@ -186,6 +191,14 @@ RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std:
     slot.rec.stalls[tid] = smp.stalls[tid] = st_v;
     slot.rec.bytes[tid] = smp.bytes[tid] = by_v;
     smp.ns[tid] = (M::enabled && a1 != 0 && a1 > a0) ? a1 - a0 : 0;
+  }
+  if (tid < max_vts) atomicMax(&t_last, __ldcg(&acc.t1[tid]));
+  __syncthreads();
+  if (tid == 33) {  // CTA 0's tail stamps, relative to this rank's last data CTA end (telemetry on)
+    for (auto& t : smp.tail_ns) {
+      std::uint64_t const x = __ldcg(&t);
+      t = t_last != 0 && x > t_last ? x - t_last : 0;
+    }
   }
   if (tid == 32) {
     slot.rec.epoch = __ldcg(&d.chain_epoch);
@@ -382,10 +395,9 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   __shared__ fault_table faults_s;
   __shared__ std::uint64_t epoch_s, quiet_tag_s;
   __shared__ std::uint32_t quiet_s, status_s;
-  __shared__ int is_last, stop;
-  __shared__ std::uint32_t dead_s, resync_s;
-  __shared__ std::uint32_t rank_ok[max_lsa], rank_faults[max_lsa], rank_probe_fail[max_lsa], rank_touched[max_lsa];
-  __shared__ std::uint64_t trace[4];  // the last CTA's tail (vt_sample::tail_ns)
+  __shared__ int stop, lost_s;
+  __shared__ std::uint32_t dead_s, resync_s, fault_bits_s, probe_fail_s, touched_s;
+  __shared__ std::uint64_t verdict_seen;  // CTA 0's tail (vt_sample::tail_ns)
   int const cpv = b.ctas_per_vt;
   int const vt = cta / cpv;
   // ---- 1. plan: every word the prologue needs, one load per thread, all in flight at once
@@ -403,10 +415,7 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     cs.base_seq[tid - 488] = *v.ring_seq(cta, tid - 488);
     cx.pace_start[tid - 488] = cx.paced_bytes[tid - 488] = 0;
   }
-  if (tid == 0) {
-    is_last = 0;
-    dead_s = resync_s = 0;
-  }
+  if (tid == 0) dead_s = resync_s = 0;
   __syncthreads();
   if (status_s != 0) return;
   std::uint64_t const e = epoch_s;
@@ -492,37 +501,36 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
     if (tid < ring_warps) *v.ring_seq(cta, tid) = cs.base_seq[tid];
     return;
   }
-  if (tid == 0) {
-    // This CTA's counters, then its turn on `done`. The fault, probe and touched bits decide what
-    // is recovered, so they are ordered before `done` (a fence, only when there is such a bit);
-    // the telemetry counters need no fence: a late one only shifts a count between two records.
-    // The status word is read while the atomics are in flight.
+  // ---- 3. this CTA's verdict word (tagged with e: faulted, probe failed, touched) to every rank,
+  // after a system fence that orders the CTA's data-phase stores before it (a resync relies on
+  // it); meanwhile another warp adds the CTA's counters for the record (no fence, no return: they
+  // are read after the kernel, by the control CTA of e+1) and reads the lane status
+  bool const faulted = live && !data_ok;
+  if (tid < n && !(a.ablate & 2u)) {
+    std::uint32_t const bits = (faulted ? verdict_fault : 0u) | (probe && cx.probe_failed ? verdict_probe_failed : 0u) |
+                               (faulted && cx.touched ? verdict_touched : 0u);
+    fence_sys();
+    store_relaxed_sys(v.verdict(tid, static_cast<int>(e & 1u), me, cta), verdict_word(e, bits));
+  }
+  if (tid == 32) {
     counters& acc = R->acc[e & 1u];
-    trace[0] = globaltimer();
+    std::uint64_t const t_end = globaltimer();
     std::uint32_t const lane_status = read_status(st);
-    bool ordered = false;
     if (live) {
       if constexpr (M::enabled) {
         if (cx.cta_wait_ns != 0) atomicAdd(&acc.wait_ns[vt], cx.cta_wait_ns);
         atomicMax(&acc.t0[vt], ~static_cast<unsigned long long>(t_start));
-        atomicMax(&acc.t1[vt], static_cast<unsigned long long>(globaltimer()));
+        atomicMax(&acc.t1[vt], static_cast<unsigned long long>(t_end));
       }
-      if (!data_ok) {
+      if (faulted) {
         atomicOr(&acc.fault_mask, 1u << vt);
         if (cx.touched) atomicOr(&acc.touched_mask, 1u << vt);
-        ordered = true;
       } else {
         atomicAdd(&acc.live_done, 1u);
       }
       atomicAdd(&acc.live_ended, 1u);
     }
-    if (probe && cx.probe_failed) {
-      atomicOr(&acc.probe_fail_mask, 1u << vt);
-      ordered = true;
-    }
-    if (ordered || lane_status != 0) __threadfence();
-    is_last = atomicAdd(&acc.done, 1u) == static_cast<unsigned>(a.data_ctas) - 1u;
-    trace[1] = globaltimer();
+    if (probe && cx.probe_failed) atomicOr(&acc.probe_fail_mask, 1u << vt);
     stop = lane_status != 0;
     if (stop) {  // a lane error (deadline, mismatch): name the rank that never came, then stop
       int lost = -1;
@@ -530,63 +538,40 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
         if (p != me && load_relaxed_sys(v.arrival(me, p)) < e + 1) lost = p;
       atomicCAS(&R->error_info, 0u, (static_cast<std::uint32_t>(lost < 0 ? me : lost) << 16) | static_cast<std::uint32_t>(vt + 1));
     }
+    fault_bits_s = probe_fail_s = touched_s = 0;
+    lost_s = -1;
   }
   __syncthreads();
   if (stop) return;
-
-  // ---- 3. the last data CTA sends this rank's verdict words (fault, probe, touched bits) to
-  // every rank; the fence orders this rank's data-phase stores before them (a resync relies on it)
   if (a.ablate & 2u) {
     if (tid < ring_warps) *v.ring_seq(cta, tid) = cs.base_seq[tid];
-    if (is_last && tid == 0) *static_cast<volatile std::uint64_t*>(&R->epoch) = e + 1;
+    if (cta == 0 && tid == 0) *static_cast<volatile std::uint64_t*>(&R->epoch) = e + 1;
     return;
   }
-  if (is_last) {
-    if (tid == 0) __threadfence();
-    __syncthreads();
-    if (tid < n) {
-      counters const& acc = R->acc[e & 1u];
-      std::uint32_t const fault = __ldcg(&acc.fault_mask), probe_fail = __ldcg(&acc.probe_fail_mask);
-      std::uint32_t const touched = __ldcg(&acc.touched_mask);
-      std::uint64_t* const dst = v.verdict(tid, static_cast<int>(e & 1u), me);
-      fence_sys();
-      store_relaxed_sys(dst, verdict_word(e, (fault & 0xffffu) | (probe_fail << 16)));
-      store_relaxed_sys(dst + 1, verdict_word(e, touched));
-      if (tid == 0) trace[2] = globaltimer();
-    }
-  }
-
-  // ---- 4. verdict: every rank's verdict words of e (thread r waits for rank r's)
-  if (tid < n) {
+  // ---- 4. verdict: every data CTA of every rank sent its word of e (one thread per word)
+  {
     verdict_guard g{&cx};
-    std::uint64_t const* w = v.verdict(me, static_cast<int>(e & 1u), tid);
     std::uint32_t const tag = static_cast<std::uint32_t>(e + 1);
-    std::uint32_t w0 = 0, w1 = 0;
-    rank_ok[tid] = wait_tagged(w, tag, g, w0) && wait_tagged(w + 1, tag, g, w1) ? 1u : 0u;
-    if (rank_ok[tid]) {
-      rank_faults[tid] = w0 & 0xffffu;
-      rank_probe_fail[tid] = w0 >> 16;
-      rank_touched[tid] = w1;
-    } else {
-      atomicCAS(&R->error_info, 0u, (static_cast<std::uint32_t>(tid) << 16));
+    for (int i = tid; i < n * a.data_ctas; i += cta_threads) {
+      int const src = i / a.data_ctas, k = i % a.data_ctas;
+      std::uint32_t bits = 0;
+      if (!wait_tagged(v.verdict(me, static_cast<int>(e & 1u), src, k), tag, g, bits)) {
+        atomicCAS(&R->error_info, 0u, (static_cast<std::uint32_t>(src) << 16));
+        lost_s = src;
+        break;
+      }
+      std::uint32_t const bit = 1u << (k / cpv);
+      if (bits & verdict_fault) atomicOr(&fault_bits_s, bit);
+      if (bits & verdict_probe_failed) atomicOr(&probe_fail_s, bit);
+      if (bits & verdict_touched) atomicOr(&touched_s, bit);
     }
   }
   __syncthreads();
+  if (lost_s >= 0) return;
+  if (cta == 0 && tid == 0) verdict_seen = globaltimer();
   if (tid == 0) {
-    stop = 0;
-    for (int r = 0; r < n; ++r) stop |= rank_ok[r] == 0u;
-    trace[3] = globaltimer();
-  }
-  __syncthreads();
-  if (stop) return;
-  if (tid == 0) {
-    std::uint32_t faults_any = 0, touched_any = 0, probe_fail_any = 0;
-    for (int r = 0; r < n; ++r) {
-      faults_any |= rank_faults[r];
-      probe_fail_any |= rank_probe_fail[r];
-      touched_any |= rank_touched[r];
-    }
-    std::uint32_t const probe_all = plan.probes & ~probe_fail_any;
+    std::uint32_t const faults_any = fault_bits_s, touched_any = touched_s;
+    std::uint32_t const probe_all = plan.probes & ~probe_fail_s;
     std::uint32_t const D = faults_any & ~plan.quiet & sp.live_mask;
     dead_s = D;
     resync_s = D | (plan.probes & ~probe_all);
@@ -622,13 +607,12 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (((resync_s >> vt) & 1u) != 0) resync_rings(v, cta, cs);
   if (tid < ring_warps) *v.ring_seq(cta, tid) = cs.base_seq[tid];
 
-  // ---- 6. the last data CTA closes the epoch
-  if (is_last && tid == 0) {
+  // ---- 6. data CTA 0 closes the epoch (after the verdict, so with every rank's bits)
+  if (cta == 0 && tid == 0) {
     vt_sample& smp = R->samples[e % ring_entries];
     smp.fault_mask = D;
-    std::uint64_t const t_end = globaltimer();
-    for (int i = 1; i < 4; ++i) smp.tail_ns[i - 1] = trace[i] - trace[0];
-    smp.tail_ns[3] = t_end - trace[0];
+    smp.tail_ns[0] = verdict_seen;  // absolute here; the control CTA of e+1 makes them relative
+    smp.tail_ns[1] = globaltimer();
     if (D != 0) R->recovered += 1;
     R->quiet = resync_s;
     R->quiet_tag = e + 2;

@@ -18,11 +18,11 @@
 //   │ samples[R]       this rank's per-VT stalls, bytes and measured ns (for the host fit)    │
 //   └─────────────────────────────────────────────────────────────────────────────────────────┘
 //   telemetry inbox (written by every rank into every rank): tele_slot[2 parities][src rank],
-//   verdict words [2 parities][src rank][2], arrival words [src rank]
+//   arrival words [src rank], verdict words [2 parities][src rank][cta]
 //
-// The end of collective e is the verdict: every rank's last data CTA sends two tagged words (its
-// fault, probe and touched bits) to every rank, and every data CTA waits for all of them, which
-// is all that recovery needs to agree on. The full record of e (stalls, bytes, digest, checksum)
+// The end of collective e is the verdict: every data CTA sends one tagged word (its fault, probe
+// and touched bits) to every rank, and every data CTA waits for all of them, which is all that
+// recovery needs to agree on (no counter round trip on the way). The full record of e (stalls, bytes, digest, checksum)
 // is built and exchanged by the control CTA of e+1, beside e+1's data phase, just before that CTA
 // steps with those records: the records reach the step as early as before, and the tail of every
 // collective carries only the verdict.
@@ -90,10 +90,9 @@ struct counters {
   unsigned int fault_mask;             ///< VTs whose data CTAs gave up (VT deadline)
   unsigned int probe_fail_mask;        ///< probed VTs whose probe did not arrive in its window
   unsigned int touched_mask;           ///< faulted VTs that had written part of their output
-  unsigned int done;                   ///< data CTAs past their data phase
   unsigned int live_done;              ///< CTAs of live VTs that finished their block
   unsigned int live_ended;             ///< CTAs of live VTs past their data phase (finished or faulted)
-  unsigned int pad[2];
+  unsigned int pad[3];
 };
 
 /// What collective e's record carries besides its counters, written by data CTA 0 when e starts
@@ -130,10 +129,9 @@ struct vt_sample {
   std::uint64_t stalls[max_vts] = {};
   std::uint64_t bytes[max_vts] = {};
   std::uint64_t ns[max_vts] = {};  ///< measured: last CTA end - first CTA start of the VT
-  /// The end of the collective on this rank, ns after the last data CTA finished its data phase
-  /// (a diagnostic): its place on the done count, its verdict words sent, every rank's verdict
-  /// seen, the epoch closed.
-  std::uint64_t tail_ns[4] = {};
+  /// The end of the collective on this rank, ns after its last data CTA finished its data phase
+  /// (a diagnostic, with telemetry on): every rank's verdict seen (by CTA 0), the epoch closed.
+  std::uint64_t tail_ns[2] = {};
 };
 
 struct report_entry {
@@ -168,15 +166,14 @@ struct alignas(16) tele_slot {
   std::uint64_t flag = 0;
 };
 
-/// The verdict words one rank sends every rank at the end of collective e, each tagged with
-/// uint32(e + 1) in its high half so it needs no flag: word 0 carries the VTs whose data CTAs
-/// faulted (low 16 bits) and the probed VTs whose probe failed (high 16), word 1 the faulted VTs
-/// that had written part of this rank's output. A slot of parity p last held collective e - 2's
-/// words, so the tag tells them apart.
-inline constexpr int verdict_words = 2;
-RECCL_HOST_DEVICE constexpr std::uint64_t verdict_word(std::uint64_t e, std::uint32_t payload) {
-  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(e + 1)) << 32) | payload;
+/// The verdict word each data CTA of a rank sends every rank at the end of collective e: the tag
+/// uint32(e + 1) in its high half (so it needs no flag: a slot of parity p last held collective
+/// e - 2's word), these bits in its low half.
+inline constexpr std::uint32_t verdict_fault = 1;         ///< the CTA's VT gave up (VT deadline)
+inline constexpr std::uint32_t verdict_probe_failed = 2;  ///< the CTA's probe did not arrive
+inline constexpr std::uint32_t verdict_touched = 4;       ///< ... after writing part of the output
+RECCL_HOST_DEVICE constexpr std::uint64_t verdict_word(std::uint64_t e, std::uint32_t bits) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(e + 1)) << 32) | bits;
 }
-static_assert(max_vts <= 16, "verdict words carry 16-bit VT masks");
 
 }  // namespace reccl::device::adaptive

@@ -13,7 +13,7 @@
 //          | ready inbox     [cta][warp][src]    (u64: staged chunk sequence published)        |
 //          | credit inbox    [cta][warp][src]    (u64: ring slot sequence released)            |
 //          | adaptive loop   control region (local), telemetry inbox [parity][src], arrival    |
-//          |                 words [src], verdict words [parity][src], probe area [cta]        |
+//          |                 words [src], verdict words [parity][src][cta], probe area [cta]   |
 //          | one-shot slots  [phase][src][cta] x (16-byte header + slot bytes), Lamport-poisoned |
 //          | ring slots      [src][cta][warp][depth] x (chunk bytes + 16-byte header), poisoned|
 //
@@ -84,7 +84,7 @@ RECCL_HOST_DEVICE constexpr lsa_layout make_lsa_layout(int nranks, int lanes, in
   L.credit_off = o;  o = round_up(o + 8 * mc * ring_warps * max_lsa, 4096);
   L.ctl_off = o;  o = round_up(o + sizeof(adaptive::control_region), 4096);
   L.tele_off = o;
-  o = round_up(o + 2ull * max_lsa * sizeof(adaptive::tele_slot) + 8ull * max_lsa + 2ull * max_lsa * 8u * adaptive::verdict_words, 4096);
+  o = round_up(o + 2ull * max_lsa * sizeof(adaptive::tele_slot) + 8ull * max_lsa + 2ull * max_lsa * 8u * mc, 4096);
   L.probe_off = o;  o = round_up(o + mc * probe_cta_bytes(), 4096);
   L.one_shot_off = o;
   o = round_up(o + 2ull * nranks * mc * (16u + static_cast<std::uint64_t>(one_shot_slot_bytes)), 4096);
@@ -129,11 +129,11 @@ struct lsa_view {
   RECCL_HOST_DEVICE std::uint64_t* arrival(int owner, int src) const {
     return reinterpret_cast<std::uint64_t*>(lane_base(owner) + L.tele_off + 2ull * max_lsa * sizeof(adaptive::tele_slot)) + src;
   }
-  /// Verdict words (adaptive::verdict_word) in `owner`'s memory from rank `src`, parity `parity`.
-  RECCL_HOST_DEVICE std::uint64_t* verdict(int owner, int parity, int src) const {
+  /// Verdict word (adaptive::verdict_word) in `owner`'s memory from data CTA `cta` of rank `src`.
+  RECCL_HOST_DEVICE std::uint64_t* verdict(int owner, int parity, int src, int cta) const {
     return reinterpret_cast<std::uint64_t*>(lane_base(owner) + L.tele_off + 2ull * max_lsa * sizeof(adaptive::tele_slot) +
                                             8ull * max_lsa) +
-           (parity * max_lsa + src) * adaptive::verdict_words;
+           (static_cast<std::uint64_t>(parity) * max_lsa + static_cast<std::uint64_t>(src)) * static_cast<std::uint64_t>(L.max_ctas) + cta;
   }
   RECCL_HOST_DEVICE char* probe_area(int cta) const {
     return lane_base(rank) + L.probe_off + static_cast<std::uint64_t>(cta) * probe_cta_bytes();
