@@ -246,6 +246,17 @@ TEST_CASE("adaptive collectives match the CPU reference while the split moves") 
     REQUIRE(other.size() == reps.size());
     for (std::size_t i = 0; i < reps.size(); ++i) CHECK(other[i].split == reps[i].split);
   }
+  // the samples the host fits the cost model on: every VT that carried bytes has a measured time
+  // (its first CTA's start to its last CTA's end: more than zero, less than a second)
+  for (int r = 0; r < w.n; ++r) {
+    auto const smp = lanes[r].samples(0, lanes[r].epoch());
+    REQUIRE(smp.size() + 1 >= reps.size());
+    int bad = 0;
+    for (auto const& s : smp)
+      for (int v = 0; v < s.n_vts; ++v)
+        if (s.bytes[v] > 0 && !((s.fault_mask >> v) & 1u) && (s.ns[v] == 0 || s.ns[v] > 1'000'000'000ull)) ++bad;
+    CHECK(bad == 0);
+  }
 }
 
 TEST_CASE("results are bitwise the same on the adaptive path, the plain path and any split") {
