@@ -448,13 +448,14 @@ int main(int argc, char** argv) {
     if (o.study) {
       using none_lane = reccl::adaptive_lane<reccl::allocator::equal, reccl::telemetry::none>;
       using equal_stalls_lane = reccl::adaptive_lane<reccl::allocator::equal, reccl::telemetry::stalls>;
-      enum class kind { texcp_stalls, equal_none, equal_stalls };
+      enum class kind { texcp_stalls, texcp_frozen, equal_none, equal_stalls };
       struct variant {
         char const* name;
         std::uint32_t ablate;
         kind k;
       };
       std::vector<variant> const vs = {{"texcp+stalls", 0, kind::texcp_stalls},
+                                       {"texcp+stalls, shares frozen (eta 0)", 0, kind::texcp_frozen},
                                        {"no control step", 1, kind::texcp_stalls},
                                        {"no step, no verdict", 3, kind::texcp_stalls},
                                        {"no step, no verdict, host split", 7, kind::texcp_stalls},
@@ -468,7 +469,20 @@ int main(int argc, char** argv) {
         reccl::adaptive_options ao = lane_options(o, 1);
         ao.ablate = vr.ablate;
         std::vector<std::vector<double>> t;
-        auto measure = [&](auto& L) { t = rounds(ar, o.overhead_runs / 2, 3, [&](int r) { launch_lane(L, w, ar, r); }); };
+        double span = 0, ctl_end = 0;  // medians: data phase span (us), control CTA done after the last data CTA (us)
+        auto measure = [&](auto& L) {
+          std::uint64_t const e_from = L[0].epoch();
+          t = rounds(ar, o.overhead_runs / 2, 3, [&](int r) { launch_lane(L, w, ar, r); });
+          std::vector<double> sp, ce;
+          for (auto const& x : L[0].samples(e_from + 2, L[0].epoch())) {
+            std::uint64_t m = 0;
+            for (int v = 0; v < x.n_vts; ++v) m = std::max<std::uint64_t>(m, x.ns[v]);
+            if (m == 0) continue;
+            sp.push_back(static_cast<double>(m) / 1e3);
+            ce.push_back(static_cast<double>(x.tail_ns[2]) / 1e3);
+          }
+          if (!sp.empty()) span = median(sp), ctl_end = median(ce);
+        };
         if (vr.k == kind::equal_none) {
           auto L = none_lane::create_all(w.ptrs(), ao);
           measure(L);
@@ -476,16 +490,21 @@ int main(int argc, char** argv) {
           auto L = equal_stalls_lane::create_all(w.ptrs(), ao);
           measure(L);
         } else {
-          auto L = texcp_lane::create_all(w.ptrs(), ao, tx);
+          reccl::allocator::texcp frozen = tx;
+          frozen.eta = 0;
+          frozen.epsilon = 0;
+          auto L = texcp_lane::create_all(w.ptrs(), ao, vr.k == kind::texcp_frozen ? frozen : tx);
           measure(L);
         }
         std::vector<double> const &tp = t[0], &ta = t[1];
         check_lanes(w);
         if (take_wrong(w) != 0) throw std::runtime_error(std::string("study ") + vr.name + ": wrong results");
         double const mp = median(tp), ma = median(ta);
-        std::snprintf(line, sizeof line, "  study %-34s plain %.1f us, this %.1f us: %+.2f%%", vr.name, mp, ma, (ma / mp - 1) * 100);
+        std::snprintf(line, sizeof line, "  study %-36s plain %.1f us, this %.1f us: %+.2f%%  (data span %.1f us, control CTA done %+.1f us)",
+                      vr.name, mp, ma, (ma / mp - 1) * 100, span, ctl_end);
         say(line);
-        st.push_back({{"variant", vr.name}, {"plain_us", mp}, {"us", ma}, {"slowdown_pct", (ma / mp - 1) * 100}});
+        st.push_back({{"variant", vr.name}, {"plain_us", mp}, {"us", ma}, {"slowdown_pct", (ma / mp - 1) * 100},
+                      {"data_span_us", span}, {"control_done_after_last_data_us", ctl_end}});
       }
       // the same pairs at other sizes: what the loop's fixed cost per collective is
       for (auto const& sb : o.study_bytes) {
@@ -643,11 +662,11 @@ int main(int argc, char** argv) {
       out["model_fits"] = fits;
       {
         // where the end of a collective goes (after this rank's last data CTA, healthy collectives)
-        char const* names[2] = {"verdict seen", "closed"};
+        char const* names[3] = {"verdict seen", "closed", "control CTA done"};
         auto sm = tl[0].samples(e0 + 2, e0 + std::min(o.throttle_at, o.collectives));
         json tail = json::object();
         std::string tl_line = "tail of a healthy collective (us after the last data CTA's data phase):";
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 3; ++i) {
           std::vector<double> d;
           for (auto const& x : sm) d.push_back(static_cast<double>(x.tail_ns[i]) / 1e3);
           tail[names[i]] = median(d);

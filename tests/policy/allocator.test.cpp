@@ -454,6 +454,30 @@ TEST_CASE("texcp: VTs without an estimate keep their share, the floor holds, ide
   }
 }
 
+TEST_CASE("texcp's dead band: times within it leave the shares bit-exact, times outside it move them") {
+  allocator::texcp const a{};  // dead band q16(1/64) = 1.56%
+  allocator::texcp nb{};
+  nb.dead_band = 0;
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 500; ++trial) {
+    int const n = 2 + static_cast<int>(rng() % (max_vts - 1));
+    shares const s = equal_shares(n, all_live(n));
+    vt_observation o{};
+    o.n_vts = n;
+    o.live_mask = all_live(n);
+    // healthy jitter: every time within +-1% of 100 us, so within the band around the mean
+    for (int i = 0; i < n; ++i) o.time[i] = 100'000 - 1'000 + rng() % 2'001;
+    o.time[static_cast<int>(rng() % n)] = 100'000 + 1'000;  // so not all times are equal
+    CHECK(same(a.update(s, o), s));
+    CHECK(!same(nb.update(s, o), s));  // without the band the jitter moves bytes
+    // one VT 5% slower than the others: outside the band, it loses bytes
+    int const slow = static_cast<int>(rng() % n);
+    for (int i = 0; i < n; ++i) o.time[i] = i == slow ? 105'000 : 100'000;
+    shares const m = a.update(s, o);
+    CHECK(m.w[slow] < s.w[slow]);
+  }
+}
+
 TEST_CASE("a VT that joins with a zero share is lifted to the floor, so it cannot stick at zero") {
   shares const s = equal_shares(4, 0b0111);
   vt_observation o{};

@@ -196,8 +196,8 @@ RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std:
   __syncthreads();
   if (tid == 33) {  // CTA 0's tail stamps, relative to this rank's last data CTA end (telemetry on)
     for (auto& t : smp.tail_ns) {
-      std::uint64_t const x = __ldcg(&t);
-      t = t_last != 0 && x > t_last ? x - t_last : 0;
+      auto const x = static_cast<std::int64_t>(__ldcg(reinterpret_cast<unsigned long long const*>(&t)));
+      t = t_last != 0 && x != 0 ? x - static_cast<std::int64_t>(t_last) : 0;
     }
   }
   if (tid == 32) {
@@ -421,6 +421,8 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   std::uint64_t const e = epoch_s;
   if (cta == a.data_ctas) {  // the control CTA
     control_step<A, M>(a, R, e);
+    __syncthreads();
+    if (tid == 0) R->samples[e % ring_entries].tail_ns[2] = static_cast<std::int64_t>(globaltimer());
     return;
   }
   plan_slot const& ps = ps2[e & 1u];
@@ -611,8 +613,8 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (cta == 0 && tid == 0) {
     vt_sample& smp = R->samples[e % ring_entries];
     smp.fault_mask = D;
-    smp.tail_ns[0] = verdict_seen;  // absolute here; the control CTA of e+1 makes them relative
-    smp.tail_ns[1] = globaltimer();
+    smp.tail_ns[0] = static_cast<std::int64_t>(verdict_seen);  // absolute here; the control CTA of e+1 makes them relative
+    smp.tail_ns[1] = static_cast<std::int64_t>(globaltimer());
     if (D != 0) R->recovered += 1;
     R->quiet = resync_s;
     R->quiet_tag = e + 2;

@@ -130,8 +130,9 @@ struct vt_sample {
   std::uint64_t bytes[max_vts] = {};
   std::uint64_t ns[max_vts] = {};  ///< measured: last CTA end - first CTA start of the VT
   /// The end of the collective on this rank, ns after its last data CTA finished its data phase
-  /// (a diagnostic, with telemetry on): every rank's verdict seen (by CTA 0), the epoch closed.
-  std::uint64_t tail_ns[2] = {};
+  /// (a diagnostic, with telemetry on; 0 without): every rank's verdict seen (by CTA 0), the
+  /// epoch closed, the control CTA done (negative: before the last data CTA).
+  std::int64_t tail_ns[3] = {};
 };
 
 struct report_entry {

@@ -6,7 +6,8 @@
 //   VT2 ████████         ████████                 0.8               1 + η(1 − r_2)
 //                        T̄ = Σ w_i T_i / Σ w_i  (share-weighted mean: Σ w_i (1 − r_i) = 0)
 //
-//   w_i ← w_i · f_i  (+ ε on the slowest VT), renormalized exactly, then raised to the floor.
+//   w_i ← w_i · f_i  (+ ε on the slowest VT), renormalized exactly, then raised to the floor;
+//   nothing moves while every |r_i − 1| <= the dead band (balancing could gain about that much).
 //
 // This is PReCCL's update ΔD_i = η · D_i · (T̄ − T_i) / T̄ with the gaps of the paper closed:
 //  * dimensionless: the step is relative (D_i · (T̄ − T_i)/T̄), so η carries no units;
@@ -53,6 +54,12 @@ struct texcp {
   std::uint32_t min_factor = 32768;        ///< a VT keeps at least this fraction of its share per step, Q16; default q16(0.5)
   std::uint32_t epsilon = 64;              ///< added to the slowest VT's factor, Q16; default q16(1/1024)
   std::uint32_t min_share = share_one >> 10;  ///< every live VT ends an update with at least this share, Q30; default 1/1024 (also the share a joining VT gets)
+  /// Dead band, Q16: while every estimated VT's time is within this fraction of the mean (so
+  /// balancing could gain about that much at most), the shares stay as they are; default q16(1/64). Moving bytes is not
+  /// free on the GPU: a VT block a little off its previous size gives its pipelines a last,
+  /// partial chunk, and on an H200 the ~0.5% share jitter of a healthy link cost a 64 MiB
+  /// all-reduce 4% (bench/NOTES.md, 19). 0 moves on every estimate.
+  std::uint32_t dead_band = 1024;
 
   /// Next shares from the previous shares and the times of the last collective. VTs without an
   /// estimate (time 0) keep their share, with fewer than two estimates nothing moves, except that
@@ -79,6 +86,18 @@ struct texcp {
     }
     std::uint64_t mean = weighted / mass;  // T̄ in the units of t (max 2^20)
     if (mean == 0) mean = 1;
+    {  // balanced within the dead band: every estimated VT within dead_band of the mean
+      bool hold = true;
+      for (int i = 0; i < max_vts && hold; ++i) {
+        if (!((est >> i) & 1u)) continue;
+        std::uint64_t const r = (t[i] << 16) / mean;  // T_i / T̄, Q16
+        hold = r <= 65536u + dead_band && r + dead_band >= 65536u;
+      }
+      if (hold) {
+        detail::apply_floor(s.w, s.live_mask, min_share);
+        return s;
+      }
+    }
     std::int64_t const step = eta < 131072u ? eta : 131072;  // η <= 2 keeps step * r in 64 bits
     // Clamped VTs keep exactly w_i · f_min (+ ε); the others share the rest of `mass` in proportion
     // to w_i · f_i, so the clamp is a guarantee, not just a bound before renormalization.
