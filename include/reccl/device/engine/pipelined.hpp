@@ -111,9 +111,9 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
   bool const sender = warp < ring_warps;
   elem_range const wr = part_of(cr, ring_warps, w, V);
   pack_span const ps = packs_of(wr, V);
-  // K chunks of (nearly) equal size, at most chunk_packs each: a last chunk of a few packs would
-  // cost a pipeline step of its own (+8 us on a 64 MiB all-reduce whose pipes got 16 bytes more
-  // than 8 full chunks; bench/NOTES.md, 19), a last chunk of full size costs only its bytes
+  // K = ceil(packs / chunk_packs) chunks of nearly equal size, so no chunk is a leftover of a few
+  // packs. (Each round costs a pipeline step whatever its size: a ninth round for 16 more bytes
+  // per pipe cost ~8 us on one H200 either way; bench/NOTES.md, 20.)
   std::uint64_t const Cmax = static_cast<std::uint64_t>(a.chunk_packs);
   std::uint64_t const K = (ps.size() + Cmax - 1) / Cmax;
   std::uint64_t const C = K == 0 ? Cmax : (ps.size() + K - 1) / K;
