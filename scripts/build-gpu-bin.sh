@@ -4,13 +4,13 @@
 # (libnccl.so.2 of the same version must be found at run time; bench/gpu.sh uses PyTorch's copy).
 #
 #   scripts/build-gpu-bin.sh [dir] [target ...]   targets: coll adaptive mp perf adaptive_bench
-#                                                 demo control_step (default: all); dir: .gpubin
+#                                                 demo control_step ce proxy_cost (default: all); dir: .gpubin
 # Two targets compile at a time; each takes a few minutes on two cores.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.gpubin}
 shift || true
-TARGETS=${*:-coll adaptive mp perf adaptive_bench demo control_step}
+TARGETS=${*:-coll adaptive mp perf adaptive_bench demo control_step ce proxy_cost}
 mkdir -p "$DIR"
 export PATH="/usr/local/cuda/bin:$PATH"
 F=(-std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr -Iinclude -I.)
@@ -31,6 +31,8 @@ for t in $TARGETS; do
     adaptive_bench) build reccl_adaptive_bench bench/adaptive/adaptive_bench.cu -lnccl & ;;
     demo) build adaptive_gpu examples/02_adaptive_gpu/main.cu -lnccl & ;;
     control_step) build reccl_control_step bench/perf/control_step.cu & ;;
+    ce) build reccl.test.device.copy_engine tests/device/copy_engine.test.cu -L/usr/local/cuda/lib64/stubs -lcuda & ;;
+    proxy_cost) build reccl_proxy_cost bench/proxy/proxy_cost.cu -L/usr/local/cuda/lib64/stubs -lcuda & ;;
     *) echo "unknown target $t"; rc=1; continue ;;
   esac
   running=$((running + 1))

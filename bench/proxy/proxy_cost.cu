@@ -1,0 +1,181 @@
+// reccl_proxy_cost -- what one request through the copy-engine proxy costs, two ranks (on one GPU
+// when the machine has one, else on GPUs 0 and 1):
+//   latency   a kernel of rank 0 puts `bytes` + signals rank 1, whose kernel waits and answers the
+//             same way; one way = round trip / 2 (median of --reps runs of --iters round trips)
+//   posts/s   a kernel of rank 0 pushes --posts signal requests (and, second row, puts of --bytes
+//             with a signal on the last) as fast as its queue takes them; the time from the launch
+//             until rank 1's kernel saw the last one
+//
+//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 200000] [-J out.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "reccl/proxy/copy_engine_group.hpp"
+
+using namespace reccl;
+using namespace reccl::proxy;
+using handle = reccl::transport::proxy::handle;
+
+namespace {
+
+constexpr std::uint64_t second = 1'000'000'000;
+
+// Round trips: rank 0 puts + signals value base+i, rank 1 waits for it and answers with the same.
+__global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64_t base, std::uint64_t bytes,
+                          unsigned long long* ns, int* err) {
+  if (threadIdx.x != 0) return;
+  std::uint64_t const dl = reccl::proxy::clock_ns() + 30 * second;
+  std::uint64_t const t0 = reccl::proxy::clock_ns();
+  for (int i = 1; i <= iters; ++i) {
+    std::uint64_t const v = base + static_cast<std::uint64_t>(i);
+    if (!first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) { *err = 1; return; }
+    h.put_with_signal(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
+    if (first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) { *err = 1; return; }
+  }
+  *ns = reccl::proxy::clock_ns() - t0;
+}
+
+// Rank 0 floods its queue: `posts` requests (signals, or puts with a signal on the last).
+__global__ void flood(handle h, int peer, std::uint64_t posts, std::uint64_t base, std::uint64_t bytes, int* err) {
+  if (threadIdx.x != 0) return;
+  for (std::uint64_t i = 1; i <= posts; ++i) {
+    if (bytes == 0) h.signal(0, peer, flag::ready, base + i);
+    else if (i < posts) h.put(0, peer, 0, h.send_area(0, peer), bytes);
+    else h.put_with_signal(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, base + i);
+    if (h.error(0) != status::ok) { *err = 1; return; }
+  }
+}
+__global__ void await(handle h, int peer, std::uint64_t value, int* err) {
+  if (threadIdx.x != 0) return;
+  if (h.wait(0, peer, flag::ready, value, reccl::proxy::clock_ns() + 60 * second).st != status::ok) *err = 1;
+}
+
+void ck(cudaError_t e, char const* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"reccl_proxy_cost: latency and post rate of the copy-engine proxy"};
+  int iters = 2000, reps = 5;
+  std::uint64_t bytes = 1024, posts = 200000;
+  std::string json_out;
+  app.add_option("--iters", iters, "round trips per latency run");
+  app.add_option("--reps", reps, "latency runs (the median is reported)");
+  app.add_option("--bytes", bytes, "bytes per put");
+  app.add_option("--posts", posts, "requests per post-rate run");
+  app.add_option("-J,--json", json_out, "write the results as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  int ngpu = 0;
+  ck(cudaGetDeviceCount(&ngpu), "cudaGetDeviceCount");
+  if (ngpu < 1) {
+    std::printf("skipped: no GPU\n");
+    return 0;
+  }
+  copy_engine_config cfg;
+  cfg.nranks = 2;
+  cfg.n_vts = 1;
+  cfg.area_bytes = std::max<std::uint64_t>(bytes, 4096);
+  cfg.queue_capacity = 4096;
+  cfg.proxy.idle_spins = 1u << 30;  // a dedicated proxy thread keeps spinning (latency over CPU time)
+  if (ngpu >= 2) cfg.devices = {0, 1};
+  copy_engine_group g(cfg);
+  cudaDeviceProp prop{};
+  ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::string const where = ngpu >= 2 ? "GPU 0 -> GPU 1" : "two ranks on one GPU";
+
+  unsigned long long* ns = nullptr;
+  int* err = nullptr;
+  ck(cudaMallocManaged(&ns, sizeof(unsigned long long) * 2), "cudaMallocManaged");
+  ck(cudaMallocManaged(&err, sizeof(int)), "cudaMallocManaged");
+  *err = 0;
+  std::vector<cudaStream_t> s(2);
+  for (int r = 0; r < 2; ++r) {
+    ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
+    ck(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  std::uint64_t base = 0;  // flags only grow: every run continues from the last value
+  auto sync = [&] {
+    for (int r = 0; r < 2; ++r) {
+      ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
+      ck(cudaStreamSynchronize(s[r]), "cudaStreamSynchronize");
+    }
+    if (*err != 0 || g.error() != status::ok) {
+      std::fprintf(stderr, "proxy run failed: %s\n", g.error_message().c_str());
+      std::exit(1);
+    }
+  };
+
+  // ---- latency
+  std::vector<double> one_way;
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+    for (int r = 0; r < 2; ++r) {
+      ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
+      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, ns + r, err);
+      ck(cudaGetLastError(), "launch ping_pong");
+    }
+    sync();
+    base += static_cast<std::uint64_t>(iters);
+    if (rep >= 0) one_way.push_back(static_cast<double>(ns[0]) / (2.0 * iters) / 1e3);
+  }
+  double const lat_us = median(one_way);
+
+  // ---- posts per second (signals, then puts)
+  auto rate = [&](std::uint64_t b) {
+    auto const t0 = std::chrono::steady_clock::now();
+    ck(cudaSetDevice(g.memory(1).device), "cudaSetDevice");
+    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err);
+    ck(cudaSetDevice(g.memory(0).device), "cudaSetDevice");
+    flood<<<1, 32, 0, s[0]>>>(g.handle(0), 1, posts, base, b, err);
+    ck(cudaGetLastError(), "launch flood");
+    sync();
+    double const sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    base += posts;
+    return static_cast<double>(posts) / sec;
+  };
+  double const sig_rate = rate(0);
+  double const put_rate = rate(bytes);
+
+  std::printf("reccl_proxy_cost (%s, %s; copy-engine backend, one proxy thread per rank)\n", prop.name, where.c_str());
+  std::printf("%-44s %12s %10s\n", "measure", "value", "target");
+  std::printf("%-44s %9.2f us %10s\n", ("one-way put (" + std::to_string(bytes) + " B) + signal").c_str(), lat_us, "<= 10 us");
+  std::printf("%-44s %10.0f /s %10s\n", "signals posted and delivered", sig_rate, ">= 500000");
+  std::printf("%-44s %10.0f /s %10s\n", ("puts of " + std::to_string(bytes) + " B posted and delivered").c_str(), put_rate, "");
+  if (!json_out.empty()) {
+    nlohmann::json J;
+    J["bench"] = "reccl_proxy_cost";
+    J["gpu"] = prop.name;
+    J["placement"] = where;
+    J["bytes"] = bytes;
+    J["iters"] = iters;
+    J["latency_one_way_us"] = {{"median", lat_us}, {"runs", one_way}};
+    J["signals_per_s"] = sig_rate;
+    J["puts_per_s"] = put_rate;
+    J["posts"] = posts;
+    std::ofstream(json_out) << J.dump(2) << "\n";
+  }
+  for (auto x : s) cudaStreamDestroy(x);
+  cudaFree(ns);
+  cudaFree(err);
+  return 0;
+}

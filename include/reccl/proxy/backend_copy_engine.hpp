@@ -1,0 +1,191 @@
+// reccl/proxy/backend_copy_engine.hpp -- a proxy backend that moves bytes with the GPUs' copy
+// engines: a put is a cudaMemcpyAsync into the peer's window, a signal a stream memory write
+// (cuStreamWriteValue64) into the peer's flag word, both on a stream per peer, so the flag is
+// written only after the bytes of every earlier put to that peer have landed. No SM is used.
+//
+//   rank r's proxy thread           stream[peer] (copy engine)            peer's GPU memory
+//   ┌──────────────────────┐        ┌──────────────────────────────┐     ┌──────────────────┐
+//   │ put(r)    ───────────│───────▶│ memcpy  window[r] -> window  │────▶│ window + dst     │
+//   │ signal(r) ───────────│───────▶│ write64 flags[i] = value     │────▶│ flags[i]         │
+//   │ poll_completions ────│──query─│ event after the last op      │     └──────────────────┘
+//   └──────────────────────┘        └──────────────────────────────┘
+//
+// Memory: every rank's window and flags are device memory (cudaMalloc) this process can address
+// (the same GPU, or peers with peer access enabled); the kernels that wait on the flags poll them
+// with acquire loads. Across processes the windows come from CUDA IPC handles (not done yet).
+//
+// Completions: each stream records an event after its newest operation when the proxy asks for
+// progress; operations up to a completed event are done. get() completes like a put (the proxy
+// marks the queue's requests completed only when nothing is outstanding).
+//
+// Errors: a request outside a window or a flag array is status::invalid_argument (nothing is
+// issued); a CUDA error while issuing or querying is status::internal, and message() keeps the
+// CUDA text. The backend owns its streams and events; the destructor waits for them.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "proxy.hpp"
+#include "work_queue.hpp"
+
+namespace reccl::proxy {
+
+/// One rank's device memory as the copy-engine backend sees it.
+struct device_memory {
+  std::byte* window = nullptr;  ///< device pointer (usable from this process)
+  std::uint64_t window_bytes = 0;
+  std::uint64_t* flags = nullptr;  ///< device pointer
+  std::uint32_t n_flags = 0;
+  int device = 0;  ///< the GPU that holds window and flags
+};
+
+/// Backend of rank `rank` (see the file comment). `ranks[i]` is rank i's memory, mine included;
+/// the span's storage must outlive the backend. Streams are created on my GPU.
+class copy_engine_backend {
+ public:
+  copy_engine_backend(int rank, std::span<device_memory const> ranks) : rank_(rank), ranks_(ranks) {
+    if (!valid_rank(rank)) {
+      fail(cudaErrorInvalidValue, "copy_engine_backend: rank outside the ranks given");
+      return;
+    }
+    if (!check(cudaSetDevice(ranks_[static_cast<std::size_t>(rank)].device), "cudaSetDevice")) return;
+    peers_.resize(ranks_.size());
+    for (auto& p : peers_) {
+      if (!check(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking), "cudaStreamCreate")) return;
+      if (!check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate")) return;
+    }
+  }
+  copy_engine_backend(copy_engine_backend const&) = delete;
+  copy_engine_backend& operator=(copy_engine_backend const&) = delete;
+  ~copy_engine_backend() {
+    for (auto& p : peers_) {
+      if (p.stream != nullptr) {
+        cudaStreamSynchronize(p.stream);
+        cudaStreamDestroy(p.stream);
+      }
+      if (p.done != nullptr) cudaEventDestroy(p.done);
+    }
+  }
+
+  /// The first error's text ("" if none).
+  std::string const& message() const { return message_; }
+  /// Bytes issued to the copy engines (puts and gets).
+  std::uint64_t bytes_moved() const { return bytes_moved_; }
+
+  status put(work_request const& r) {
+    if (!ok_) return status::internal;
+    if (!valid_rank(r.peer)) return status::invalid_argument;
+    device_memory const& me = ranks_[static_cast<std::size_t>(rank_)];
+    device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
+    if (!in_range(r.src_offset, r.bytes, me.window_bytes) || !in_range(r.dst_offset, r.bytes, peer.window_bytes))
+      return status::invalid_argument;
+    if (r.bytes == 0) return status::ok;
+    lane& l = peers_[static_cast<std::size_t>(r.peer)];
+    if (!check(cudaMemcpyAsync(peer.window + r.dst_offset, me.window + r.src_offset, r.bytes, cudaMemcpyDefault, l.stream),
+               "cudaMemcpyAsync (put)"))
+      return status::internal;
+    ++l.issued;
+    bytes_moved_ += r.bytes;
+    return status::ok;
+  }
+
+  status signal(work_request const& r) {
+    if (!ok_) return status::internal;
+    if (!valid_rank(r.peer)) return status::invalid_argument;
+    device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
+    if (r.flag_index >= peer.n_flags) return status::invalid_argument;
+    lane& l = peers_[static_cast<std::size_t>(r.peer)];
+    // stream-ordered after this stream's earlier copies: the flag never overtakes their bytes
+    CUresult const e = cuStreamWriteValue64(l.stream, reinterpret_cast<CUdeviceptr>(peer.flags + r.flag_index),
+                                            static_cast<cuuint64_t>(r.value), CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (e != CUDA_SUCCESS) {
+      char const* s = nullptr;
+      cuGetErrorString(e, &s);
+      fail_text(std::string("cuStreamWriteValue64 (signal): ") + (s ? s : "unknown error"));
+      return status::internal;
+    }
+    ++l.issued;
+    return status::ok;
+  }
+
+  status get(work_request const& r) {
+    if (!ok_) return status::internal;
+    if (!valid_rank(r.peer)) return status::invalid_argument;
+    device_memory const& me = ranks_[static_cast<std::size_t>(rank_)];
+    device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
+    if (!in_range(r.src_offset, r.bytes, peer.window_bytes) || !in_range(r.dst_offset, r.bytes, me.window_bytes))
+      return status::invalid_argument;
+    if (r.bytes == 0) return status::ok;
+    lane& l = peers_[static_cast<std::size_t>(r.peer)];
+    if (!check(cudaMemcpyAsync(me.window + r.dst_offset, peer.window + r.src_offset, r.bytes, cudaMemcpyDefault, l.stream),
+               "cudaMemcpyAsync (get)"))
+      return status::internal;
+    ++l.issued;
+    bytes_moved_ += r.bytes;
+    return status::ok;
+  }
+
+  /// Records an event after each stream's newest operation (if none is pending) and reaps the
+  /// ones that completed. Never blocks.
+  poll_result poll_completions() {
+    if (!ok_) return {status::internal, 0};
+    std::uint64_t outstanding = 0;
+    for (auto& l : peers_) {
+      if (l.recorded != 0) {
+        cudaError_t const q = cudaEventQuery(l.done);
+        if (q == cudaSuccess) {
+          l.completed = l.recorded;
+          l.recorded = 0;
+        } else if (q != cudaErrorNotReady) {
+          check(q, "cudaEventQuery");
+          return {status::internal, 0};
+        }
+      }
+      if (l.recorded == 0 && l.issued > l.completed) {
+        if (!check(cudaEventRecord(l.done, l.stream), "cudaEventRecord")) return {status::internal, 0};
+        l.recorded = l.issued;
+      }
+      outstanding += l.issued - l.completed;
+    }
+    return {status::ok, outstanding};
+  }
+
+ private:
+  struct lane {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    std::uint64_t issued = 0;     ///< operations issued on the stream
+    std::uint64_t recorded = 0;   ///< `issued` when `done` was recorded (0: no event pending)
+    std::uint64_t completed = 0;  ///< operations known complete
+  };
+
+  bool valid_rank(int r) const { return r >= 0 && static_cast<std::size_t>(r) < ranks_.size(); }
+  static bool in_range(std::uint64_t off, std::uint64_t bytes, std::uint64_t size) { return off <= size && bytes <= size - off; }
+  bool check(cudaError_t e, char const* what) {
+    if (e == cudaSuccess) return true;
+    fail(e, what);
+    return false;
+  }
+  void fail(cudaError_t e, char const* what) { fail_text(std::string(what) + ": " + cudaGetErrorString(e)); }
+  void fail_text(std::string m) {
+    if (ok_) message_ = std::move(m);
+    ok_ = false;
+  }
+
+  int rank_;
+  std::span<device_memory const> ranks_;
+  std::vector<lane> peers_;
+  bool ok_ = true;
+  std::string message_;
+  std::uint64_t bytes_moved_ = 0;
+};
+
+static_assert(Backend<copy_engine_backend>);
+
+}  // namespace reccl::proxy
