@@ -31,8 +31,8 @@ for t in $TARGETS; do
     adaptive_bench) build reccl_adaptive_bench bench/adaptive/adaptive_bench.cu -lnccl & ;;
     demo) build adaptive_gpu examples/02_adaptive_gpu/main.cu -lnccl & ;;
     control_step) build reccl_control_step bench/perf/control_step.cu & ;;
-    ce) build reccl.test.device.copy_engine tests/device/copy_engine.test.cu -L/usr/local/cuda/lib64/stubs -lcuda & ;;
-    proxy_cost) build reccl_proxy_cost bench/proxy/proxy_cost.cu -L/usr/local/cuda/lib64/stubs -lcuda & ;;
+    ce) build reccl.test.device.copy_engine tests/device/copy_engine.test.cu & ;;
+    proxy_cost) build reccl_proxy_cost bench/proxy/proxy_cost.cu & ;;
     *) echo "unknown target $t"; rc=1; continue ;;
   esac
   running=$((running + 1))

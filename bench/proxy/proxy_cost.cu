@@ -46,18 +46,22 @@ __global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64
 }
 
 // Rank 0 floods its queue: `posts` requests (signals, or puts with a signal on the last).
-__global__ void flood(handle h, int peer, std::uint64_t posts, std::uint64_t base, std::uint64_t bytes, int* err) {
+__global__ void flood(handle h, int peer, std::uint64_t posts, std::uint64_t base, std::uint64_t bytes, int* err,
+                      unsigned long long* pushed) {
   if (threadIdx.x != 0) return;
   for (std::uint64_t i = 1; i <= posts; ++i) {
     if (bytes == 0) h.signal(0, peer, flag::ready, base + i);
     else if (i < posts) h.put(0, peer, 0, h.send_area(0, peer), bytes);
     else h.put_with_signal(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, base + i);
-    if (h.error(0) != status::ok) { *err = 1; return; }
+    if (h.error(0) != status::ok) { *err = 2; return; }
+    *static_cast<volatile unsigned long long*>(pushed) = i;
   }
 }
-__global__ void await(handle h, int peer, std::uint64_t value, int* err) {
+__global__ void await(handle h, int peer, std::uint64_t value, int* err, unsigned long long* seen) {
   if (threadIdx.x != 0) return;
-  if (h.wait(0, peer, flag::ready, value, reccl::proxy::clock_ns() + 60 * second).st != status::ok) *err = 1;
+  wait_result const w = h.wait(0, peer, flag::ready, value, reccl::proxy::clock_ns() + 20 * second);
+  *seen = reccl::proxy::load_acquire(h.flags + h.layout.flag_index(0, peer, flag::ready));
+  if (w.st != status::ok) *err = 3;
 }
 
 void ck(cudaError_t e, char const* what) {
@@ -98,6 +102,7 @@ int main(int argc, char** argv) {
   cfg.area_bytes = std::max<std::uint64_t>(bytes, 4096);
   cfg.queue_capacity = 4096;
   cfg.proxy.idle_spins = 1u << 30;  // a dedicated proxy thread keeps spinning (latency over CPU time)
+  cfg.push_timeout_ns = 20 * second;
   if (ngpu >= 2) cfg.devices = {0, 1};
   copy_engine_group g(cfg);
   cudaDeviceProp prop{};
@@ -106,7 +111,8 @@ int main(int argc, char** argv) {
 
   unsigned long long* ns = nullptr;
   int* err = nullptr;
-  ck(cudaMallocManaged(&ns, sizeof(unsigned long long) * 2), "cudaMallocManaged");
+  ck(cudaMallocManaged(&ns, sizeof(unsigned long long) * 4), "cudaMallocManaged");
+  ns[2] = ns[3] = 0;
   ck(cudaMallocManaged(&err, sizeof(int)), "cudaMallocManaged");
   *err = 0;
   std::vector<cudaStream_t> s(2);
@@ -121,7 +127,9 @@ int main(int argc, char** argv) {
       ck(cudaStreamSynchronize(s[r]), "cudaStreamSynchronize");
     }
     if (*err != 0 || g.error() != status::ok) {
-      std::fprintf(stderr, "proxy run failed: %s\n", g.error_message().c_str());
+      std::fprintf(stderr, "proxy run failed (phase code %d; pushed %llu, last flag seen %llu, base %llu; queue: %s): %s\n", *err,
+                   ns[2], ns[3], static_cast<unsigned long long>(base), std::string(name(g.queue(0, 0).error())).c_str(),
+                   g.error_message().c_str());
       std::exit(1);
     }
   };
@@ -131,7 +139,7 @@ int main(int argc, char** argv) {
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
     for (int r = 0; r < 2; ++r) {
       ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
-      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, ns + r, err);
+      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, ns + r, err);  // err 1
       ck(cudaGetLastError(), "launch ping_pong");
     }
     sync();
@@ -139,14 +147,16 @@ int main(int argc, char** argv) {
     if (rep >= 0) one_way.push_back(static_cast<double>(ns[0]) / (2.0 * iters) / 1e3);
   }
   double const lat_us = median(one_way);
+  std::printf("latency done: %.2f us one way\n", lat_us);
+  std::fflush(stdout);
 
   // ---- posts per second (signals, then puts)
   auto rate = [&](std::uint64_t b) {
     auto const t0 = std::chrono::steady_clock::now();
     ck(cudaSetDevice(g.memory(1).device), "cudaSetDevice");
-    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err);
+    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err, ns + 3);
     ck(cudaSetDevice(g.memory(0).device), "cudaSetDevice");
-    flood<<<1, 32, 0, s[0]>>>(g.handle(0), 1, posts, base, b, err);
+    flood<<<1, 32, 0, s[0]>>>(g.handle(0), 1, posts, base, b, err, ns + 2);
     ck(cudaGetLastError(), "launch flood");
     sync();
     double const sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -154,6 +164,8 @@ int main(int argc, char** argv) {
     return static_cast<double>(posts) / sec;
   };
   double const sig_rate = rate(0);
+  std::printf("signals done: %.0f /s\n", sig_rate);
+  std::fflush(stdout);
   double const put_rate = rate(bytes);
 
   std::printf("reccl_proxy_cost (%s, %s; copy-engine backend, one proxy thread per rank)\n", prop.name, where.c_str());

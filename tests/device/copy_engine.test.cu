@@ -130,6 +130,7 @@ TEST_CASE("copy engine: a bad request from a kernel fails its queue with a clear
   REQUIRE_GPU();
   copy_engine_config cfg;
   cfg.nranks = 2;
+  cfg.n_vts = 2;
   copy_engine_group g(cfg);
   std::uint64_t* st = nullptr;
   REQUIRE(cudaMallocManaged(&st, sizeof(std::uint64_t)) == cudaSuccess);
@@ -138,8 +139,9 @@ TEST_CASE("copy engine: a bad request from a kernel fails its queue with a clear
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(st[0] == static_cast<std::uint64_t>(status::invalid_argument));
   cudaFree(st);
-  // a malformed request that reaches the backend (pushed from the host past the handle's checks)
-  work_queue_view const& q = g.queue(0, 0);
+  // a malformed request that reaches the backend (pushed from the host past the handle's checks,
+  // on the other VT: VT 0's queue already failed)
+  work_queue_view const& q = g.queue(0, 1);
   REQUIRE(q.push(make_put(1, 0, g.layout().window_bytes() - 8, 64), reccl::proxy::clock_ns() + second).st == status::ok);
   std::uint64_t const dl = reccl::proxy::clock_ns() + 5 * second;
   while (g.error() == status::ok && reccl::proxy::clock_ns() < dl) std::this_thread::yield();

@@ -1,12 +1,14 @@
 // reccl/proxy/backend_copy_engine.hpp -- a proxy backend that moves bytes with the GPUs' copy
-// engines: a put is a cudaMemcpyAsync into the peer's window, a signal a stream memory write
-// (cuStreamWriteValue64) into the peer's flag word, both on a stream per peer, so the flag is
-// written only after the bytes of every earlier put to that peer have landed. No SM is used.
+// engines: a put is a cudaMemcpyAsync into the peer's window, a signal an 8-byte copy of the value
+// from a pinned slot into the peer's flag word, both on a stream per peer, so the flag is written
+// only after the bytes of every earlier put to that peer have landed. No SM is used. (A stream
+// memory write, cuStreamWriteValue64, was tried first: signals with no copy before them on the
+// stream never landed on an H200 with driver 580 within 20 s.)
 //
 //   rank r's proxy thread           stream[peer] (copy engine)            peer's GPU memory
 //   ┌──────────────────────┐        ┌──────────────────────────────┐     ┌──────────────────┐
 //   │ put(r)    ───────────│───────▶│ memcpy  window[r] -> window  │────▶│ window + dst     │
-//   │ signal(r) ───────────│───────▶│ write64 flags[i] = value     │────▶│ flags[i]         │
+//   │ signal(r) ───────────│───────▶│ memcpy  pinned value -> flag │────▶│ flags[i]         │
 //   │ poll_completions ────│──query─│ event after the last op      │     └──────────────────┘
 //   └──────────────────────┘        └──────────────────────────────┘
 //
@@ -23,7 +25,6 @@
 // CUDA text. The backend owns its streams and events; the destructor waits for them.
 #pragma once
 
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -59,6 +60,7 @@ class copy_engine_backend {
     for (auto& p : peers_) {
       if (!check(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking), "cudaStreamCreate")) return;
       if (!check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate")) return;
+      if (!check(cudaHostAlloc(&p.values, sizeof(std::uint64_t) * value_slots, cudaHostAllocPortable), "cudaHostAlloc")) return;
     }
   }
   copy_engine_backend(copy_engine_backend const&) = delete;
@@ -70,6 +72,7 @@ class copy_engine_backend {
         cudaStreamDestroy(p.stream);
       }
       if (p.done != nullptr) cudaEventDestroy(p.done);
+      if (p.values != nullptr) cudaFreeHost(p.values);
     }
   }
 
@@ -101,15 +104,18 @@ class copy_engine_backend {
     device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
     if (r.flag_index >= peer.n_flags) return status::invalid_argument;
     lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    // stream-ordered after this stream's earlier copies: the flag never overtakes their bytes
-    CUresult const e = cuStreamWriteValue64(l.stream, reinterpret_cast<CUdeviceptr>(peer.flags + r.flag_index),
-                                            static_cast<cuuint64_t>(r.value), CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (e != CUDA_SUCCESS) {
-      char const* s = nullptr;
-      cuGetErrorString(e, &s);
-      fail_text(std::string("cuStreamWriteValue64 (signal): ") + (s ? s : "unknown error"));
-      return status::internal;
+    // an 8-byte copy of the value from a pinned slot, stream-ordered after this stream's earlier
+    // copies, so the flag never overtakes their bytes. The slot is reused only once the copy that
+    // read it completed (a slot per operation of the ring's span).
+    while (l.issued - l.completed >= value_slots) {  // rare: that many operations in flight
+      if (!check(cudaEventSynchronize(l.done), "cudaEventSynchronize")) return status::internal;
+      if (poll_completions().st != status::ok) return status::internal;
     }
+    std::uint64_t* slot = l.values + (l.issued % value_slots);
+    *slot = r.value;
+    if (!check(cudaMemcpyAsync(peer.flags + r.flag_index, slot, sizeof(std::uint64_t), cudaMemcpyHostToDevice, l.stream),
+               "cudaMemcpyAsync (signal)"))
+      return status::internal;
     ++l.issued;
     return status::ok;
   }
@@ -157,8 +163,11 @@ class copy_engine_backend {
   }
 
  private:
+  static constexpr std::uint64_t value_slots = 4096;  ///< pinned signal values per peer stream
+
   struct lane {
     cudaStream_t stream = nullptr;
+    std::uint64_t* values = nullptr;  ///< pinned: the source of each signal's 8-byte copy
     cudaEvent_t done = nullptr;
     std::uint64_t issued = 0;     ///< operations issued on the stream
     std::uint64_t recorded = 0;   ///< `issued` when `done` was recorded (0: no event pending)

@@ -4,7 +4,7 @@
 //
 //   kernel of rank r ──push──▶ queues[r][vt] (cudaHostAlloc, mapped) ──▶ proxy thread r
 //        ▲                                                                  │ cudaMemcpyAsync,
-//        └──── wait: poll flags[r] (device memory) ◀──── copy engine ◀──────┘ cuStreamWriteValue64
+//        └──── wait: poll flags[r] (device memory) ◀──── copy engine ◀──────┘ (signals: 8-byte copies)
 //
 // Ranks may share a GPU (loopback: development and tests on one GPU) or sit on different GPUs of
 // the machine (peer access is enabled between them). Across processes the windows would come from
