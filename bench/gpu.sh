@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
 #
-#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive all
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy all
 #                                 (default: all)
 #
 # On one GPU the tests run on loopback ranks (create_loopback) and the adaptive bench too; the
@@ -22,7 +22,7 @@ mkdir -p "$OUT" "$BUILD"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RECCL_COMMIT=${RECCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STAGES=" ${*:-all} "
-STAGES=${STAGES/ all / build test sanitize bench-ar bench-other adaptive }
+STAGES=${STAGES/ all / build test sanitize bench-ar bench-other adaptive proxy }
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%H:%M:%S)] $*"; }
 SUMMARY=()
@@ -33,10 +33,12 @@ T_COLL=$BUILD/reccl.test.device.collectives
 T_MP=$BUILD/reccl.test.device.multiprocess
 T_AD=$BUILD/reccl.test.device.adaptive
 ADB=$BUILD/reccl_adaptive_bench
+T_CE=$BUILD/reccl.test.device.copy_engine
+PXC=$BUILD/reccl_proxy_cost
 if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
   B=$(cd "$RECCL_GPU_BIN" && pwd)
   PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
-  T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench
+  T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench T_CE=$B/reccl.test.device.copy_engine PXC=$B/reccl_proxy_cost
   # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
   NCCL_WHEEL=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null)/lib
   [[ -d "$NCCL_WHEEL" ]] && export LD_LIBRARY_PATH="$NCCL_WHEEL:${LD_LIBRARY_PATH:-}"
@@ -50,7 +52,8 @@ if has build; then
     cmake -S . -B "$BUILD/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECCL_ENABLE_CUDA=ON \
       -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
       cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
-        reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench >>"$OUT/cmake.log" 2>&1
+        reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench reccl.test.device.copy_engine \
+        reccl_proxy_cost >>"$OUT/cmake.log" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]]; then
       PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
@@ -58,6 +61,8 @@ if has build; then
       T_MP=$(find "$BUILD/cmake" -name reccl.test.device.multiprocess -type f | head -1)
       T_AD=$(find "$BUILD/cmake" -name reccl.test.device.adaptive -type f | head -1)
       ADB=$(find "$BUILD/cmake" -name reccl_adaptive_bench -type f | head -1)
+      T_CE=$(find "$BUILD/cmake" -name reccl.test.device.copy_engine -type f | head -1)
+      PXC=$(find "$BUILD/cmake" -name reccl_proxy_cost -type f | head -1)
     else
       log "cmake build failed (see cmake.log), falling back to nvcc"; tail -20 "$OUT/cmake.log"
       RECCL_GPU_BUILD=nvcc
@@ -83,12 +88,16 @@ if has build; then
     p4=$!
     nvcc "${FLAGS[@]}" bench/adaptive/adaptive_bench.cu -o "$ADB" -lnccl >"$OUT/build_adb.log" 2>&1 &
     p5=$!
+    nvcc "${FLAGS[@]}" tests/device/copy_engine.test.cu -o "$T_CE" >"$OUT/build_ce.log" 2>&1 &&
+      nvcc "${FLAGS[@]}" bench/proxy/proxy_cost.cu -o "$PXC" >>"$OUT/build_ce.log" 2>&1 &
+    p6=$!
     rc=0
     wait $p1 || { rc=1; tail -30 "$OUT/build_perf.log"; }
     wait $p2 || { rc=1; tail -30 "$OUT/build_coll.log"; }
     wait $p3 || { rc=1; tail -30 "$OUT/build_mp.log"; }
     wait $p4 || { rc=1; tail -30 "$OUT/build_ad.log"; }
     wait $p5 || { rc=1; tail -30 "$OUT/build_adb.log"; }
+    wait $p6 || { rc=1; tail -30 "$OUT/build_ce.log"; }
     [[ $rc -ne 0 ]] && { log "build failed"; exit 1; }
   fi
   for op in all_reduce reduce_scatter all_gather broadcast alltoall; do
@@ -172,11 +181,21 @@ if has adaptive; then
     -o "$OUT/timeline.png" >/dev/null 2>&1
 fi
 
+if has proxy; then
+  log "copy-engine proxy: GPU test, then reccl_proxy_cost"
+  timeout 300 "$T_CE" >"$OUT/test_copy_engine.log" 2>&1
+  rc=$?; SUMMARY+=("test copy engine: rc=$rc  $(grep -E 'test cases:' "$OUT/test_copy_engine.log" | tail -1)")
+  grep -E "ERROR|FAILED|MESSAGE" "$OUT/test_copy_engine.log" | head -10
+  timeout 300 "$PXC" -J "$OUT/proxy_cost.json" >"$OUT/proxy_cost.txt" 2>&1
+  rc=$?; SUMMARY+=("proxy cost: rc=$rc")
+fi
+
 # ---- summary --------------------------------------------------------------------------------------
 echo
 echo "================ summary ($RECCL_COMMIT) ================"
 for s in "${SUMMARY[@]}"; do echo "$s"; done
 [[ -f "$OUT/adaptive.txt" ]] && sed -n '/reccl_adaptive_bench summary/,$p' "$OUT/adaptive.txt"
+[[ -f "$OUT/proxy_cost.txt" ]] && sed -n '/reccl_proxy_cost (/,$p' "$OUT/proxy_cost.txt"
 if ls "$OUT"/*.json >/dev/null 2>&1; then
   python3 - "$OUT" <<'PY'
 import json, sys, glob, os

@@ -6,7 +6,7 @@
 //             with a signal on the last) as fast as its queue takes them; the time from the launch
 //             until rank 1's kernel saw the last one
 //
-//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 200000] [-J out.json]
+//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 3000] [-J out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -81,7 +81,9 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"reccl_proxy_cost: latency and post rate of the copy-engine proxy"};
   int iters = 2000, reps = 5;
-  std::uint64_t bytes = 1024, posts = 200000;
+  // posts: at most the queue's capacity (4096) for now: a longer flood, whose producer must wait
+  // for room while a waiter kernel runs beside it, stalled on one H200 (README, host-proxy row)
+  std::uint64_t bytes = 1024, posts = 3000;
   std::string json_out;
   app.add_option("--iters", iters, "round trips per latency run");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
@@ -153,11 +155,14 @@ int main(int argc, char** argv) {
   // ---- posts per second (signals, then puts)
   auto rate = [&](std::uint64_t b) {
     auto const t0 = std::chrono::steady_clock::now();
-    ck(cudaSetDevice(g.memory(1).device), "cudaSetDevice");
-    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err, ns + 3);
+    // the producer first: the waiter only ends the measurement (on one GPU the two kernels were
+    // seen not to overlap when the waiter was launched first)
     ck(cudaSetDevice(g.memory(0).device), "cudaSetDevice");
     flood<<<1, 32, 0, s[0]>>>(g.handle(0), 1, posts, base, b, err, ns + 2);
     ck(cudaGetLastError(), "launch flood");
+    ck(cudaSetDevice(g.memory(1).device), "cudaSetDevice");
+    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err, ns + 3);
+    ck(cudaGetLastError(), "launch await");
     sync();
     double const sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     base += posts;
