@@ -81,22 +81,7 @@ class copy_engine_backend {
   /// Bytes issued to the copy engines (puts and gets).
   std::uint64_t bytes_moved() const { return bytes_moved_; }
 
-  status put(work_request const& r) {
-    if (!ok_) return status::internal;
-    if (!valid_rank(r.peer)) return status::invalid_argument;
-    device_memory const& me = ranks_[static_cast<std::size_t>(rank_)];
-    device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
-    if (!in_range(r.src_offset, r.bytes, me.window_bytes) || !in_range(r.dst_offset, r.bytes, peer.window_bytes))
-      return status::invalid_argument;
-    if (r.bytes == 0) return status::ok;
-    lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    if (!check(cudaMemcpyAsync(peer.window + r.dst_offset, me.window + r.src_offset, r.bytes, cudaMemcpyDefault, l.stream),
-               "cudaMemcpyAsync (put)"))
-      return status::internal;
-    ++l.issued;
-    bytes_moved_ += r.bytes;
-    return status::ok;
-  }
+  status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset, "cudaMemcpyAsync (put)"); }
 
   status signal(work_request const& r) {
     if (!ok_) return status::internal;
@@ -120,22 +105,7 @@ class copy_engine_backend {
     return status::ok;
   }
 
-  status get(work_request const& r) {
-    if (!ok_) return status::internal;
-    if (!valid_rank(r.peer)) return status::invalid_argument;
-    device_memory const& me = ranks_[static_cast<std::size_t>(rank_)];
-    device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
-    if (!in_range(r.src_offset, r.bytes, peer.window_bytes) || !in_range(r.dst_offset, r.bytes, me.window_bytes))
-      return status::invalid_argument;
-    if (r.bytes == 0) return status::ok;
-    lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    if (!check(cudaMemcpyAsync(me.window + r.dst_offset, peer.window + r.src_offset, r.bytes, cudaMemcpyDefault, l.stream),
-               "cudaMemcpyAsync (get)"))
-      return status::internal;
-    ++l.issued;
-    bytes_moved_ += r.bytes;
-    return status::ok;
-  }
+  status get(work_request const& r) { return copy(r, r.peer, rank_, r.dst_offset, r.src_offset, "cudaMemcpyAsync (get)"); }
 
   /// Records an event after each stream's newest operation (if none is pending) and reaps the
   /// ones that completed. Never blocks.
@@ -174,6 +144,21 @@ class copy_engine_backend {
     std::uint64_t completed = 0;  ///< operations known complete
   };
 
+  // r.bytes from rank `from`'s window at src_off to rank `to`'s at dst_off, on the stream of r.peer
+  status copy(work_request const& r, int from, int to, std::uint64_t dst_off, std::uint64_t src_off, char const* what) {
+    if (!ok_) return status::internal;
+    if (!valid_rank(r.peer)) return status::invalid_argument;
+    device_memory const& src = ranks_[static_cast<std::size_t>(from)];
+    device_memory const& dst = ranks_[static_cast<std::size_t>(to)];
+    if (!in_range(src_off, r.bytes, src.window_bytes) || !in_range(dst_off, r.bytes, dst.window_bytes)) return status::invalid_argument;
+    if (r.bytes == 0) return status::ok;
+    lane& l = peers_[static_cast<std::size_t>(r.peer)];
+    if (!check(cudaMemcpyAsync(dst.window + dst_off, src.window + src_off, r.bytes, cudaMemcpyDefault, l.stream), what))
+      return status::internal;
+    ++l.issued;
+    bytes_moved_ += r.bytes;
+    return status::ok;
+  }
   bool valid_rank(int r) const { return r >= 0 && static_cast<std::size_t>(r) < ranks_.size(); }
   static bool in_range(std::uint64_t off, std::uint64_t bytes, std::uint64_t size) { return off <= size && bytes <= size - off; }
   bool check(cudaError_t e, char const* what) {
