@@ -97,15 +97,15 @@ class copy_engine_group {
       rank_state& s = ranks_[static_cast<std::size_t>(r)];
       s.backend = std::make_unique<copy_engine_backend>(r, std::span<device_memory const>(mem_));
       if (!s.backend->message().empty()) throw reccl::error(status::internal, "copy_engine_group: " + s.backend->message());
-      s.proxy = std::make_unique<proxy<copy_engine_backend>>(*s.backend, std::span<work_queue_view const>(s.views), cfg_.proxy);
-      s.proxy->start();
+      s.runner = std::make_unique<proxy<copy_engine_backend>>(*s.backend, std::span<work_queue_view const>(s.views), cfg_.proxy);
+      s.runner->start();
     }
     RECCL_CUDA_CHECK(cudaSetDevice(cur));
   }
   copy_engine_group(copy_engine_group const&) = delete;
   copy_engine_group& operator=(copy_engine_group const&) = delete;
   ~copy_engine_group() {
-    for (auto& s : ranks_) s.proxy.reset();  // stop: drains what was queued
+    for (auto& s : ranks_) s.runner.reset();  // stop: drains what was queued
     for (auto& s : ranks_) s.backend.reset();
     for (auto& s : ranks_) {
       if (s.window) cudaFree(s.window);
@@ -134,12 +134,12 @@ class copy_engine_group {
   /// The first error of any rank's proxy (status::ok if none) and its message.
   status error() const {
     for (auto const& s : ranks_)
-      if (s.proxy && s.proxy->error() != status::ok) return s.proxy->error();
+      if (s.runner && s.runner->error() != status::ok) return s.runner->error();
     return status::ok;
   }
   std::string error_message() const {
     for (auto const& s : ranks_)
-      if (s.proxy && s.proxy->error() != status::ok) return s.proxy->error_message();
+      if (s.runner && s.runner->error() != status::ok) return s.runner->error_message();
     return {};
   }
 
@@ -151,7 +151,7 @@ class copy_engine_group {
     std::vector<work_queue_view> views;        ///< host pointers (the proxy)
     work_queue_view const* dev_views = nullptr;  ///< device pointers (the kernels)
     std::unique_ptr<copy_engine_backend> backend;
-    std::unique_ptr<proxy<copy_engine_backend>> proxy;
+    std::unique_ptr<proxy<copy_engine_backend>> runner;  ///< the rank's proxy thread
   };
 
   copy_engine_config cfg_;
