@@ -1,7 +1,8 @@
 // reccl/proxy/backend_copy_engine.hpp -- a proxy backend that moves bytes with the GPUs' copy
 // engines: a put is a cudaMemcpyAsync into the peer's window, a signal an 8-byte copy of the value
 // from a pinned slot into the peer's flag word, both on a stream per peer, so the flag is written
-// only after the bytes of every earlier put to that peer have landed. No SM is used. (A stream
+// only after the bytes of every earlier put to that peer have landed; signals to one flag that
+// follow each other are coalesced into the last one. No SM is used. (A stream
 // memory write, cuStreamWriteValue64, was tried first: signals with no copy before them on the
 // stream never landed on an H200 with driver 580 within 20 s.)
 //
@@ -80,28 +81,26 @@ class copy_engine_backend {
   std::string const& message() const { return message_; }
   /// Bytes issued to the copy engines (puts and gets).
   std::uint64_t bytes_moved() const { return bytes_moved_; }
+  /// Signals that were not written because a later one to the same flag replaced them.
+  std::uint64_t signals_coalesced() const { return coalesced_; }
 
   status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset, "cudaMemcpyAsync (put)"); }
 
+  /// Signals to one flag that follow each other on a peer's stream are coalesced: only the last
+  /// value is written (flags only grow, so a waiter for an earlier value is satisfied by it). The
+  /// write is issued before the next copy on that stream and at the latest by the next
+  /// poll_completions, so it keeps its place after every earlier put.
   status signal(work_request const& r) {
     if (!ok_) return status::internal;
     if (!valid_rank(r.peer)) return status::invalid_argument;
     device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
     if (r.flag_index >= peer.n_flags) return status::invalid_argument;
     lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    // an 8-byte copy of the value from a pinned slot, stream-ordered after this stream's earlier
-    // copies, so the flag never overtakes their bytes. The slot is reused only once the copy that
-    // read it completed (a slot per operation of the ring's span).
-    while (l.issued - l.completed >= value_slots) {  // rare: that many operations in flight
-      if (!check(cudaEventSynchronize(l.done), "cudaEventSynchronize")) return status::internal;
-      if (poll_completions().st != status::ok) return status::internal;
-    }
-    std::uint64_t* slot = l.values + (l.issued % value_slots);
-    *slot = r.value;
-    if (!check(cudaMemcpyAsync(peer.flags + r.flag_index, slot, sizeof(std::uint64_t), cudaMemcpyHostToDevice, l.stream),
-               "cudaMemcpyAsync (signal)"))
+    if (l.pending_flag != nullptr && l.pending_flag != peer.flags + r.flag_index && flush(l) != status::ok)
       return status::internal;
-    ++l.issued;
+    l.pending_flag = peer.flags + r.flag_index;
+    l.pending_value = l.pending_value > r.value ? l.pending_value : r.value;
+    ++coalesced_;
     return status::ok;
   }
 
@@ -113,20 +112,7 @@ class copy_engine_backend {
     if (!ok_) return {status::internal, 0};
     std::uint64_t outstanding = 0;
     for (auto& l : peers_) {
-      if (l.recorded != 0) {
-        cudaError_t const q = cudaEventQuery(l.done);
-        if (q == cudaSuccess) {
-          l.completed = l.recorded;
-          l.recorded = 0;
-        } else if (q != cudaErrorNotReady) {
-          check(q, "cudaEventQuery");
-          return {status::internal, 0};
-        }
-      }
-      if (l.recorded == 0 && l.issued > l.completed) {
-        if (!check(cudaEventRecord(l.done, l.stream), "cudaEventRecord")) return {status::internal, 0};
-        l.recorded = l.issued;
-      }
+      if (flush(l) != status::ok || reap(l) != status::ok) return {status::internal, 0};
       outstanding += l.issued - l.completed;
     }
     return {status::ok, outstanding};
@@ -142,7 +128,49 @@ class copy_engine_backend {
     std::uint64_t issued = 0;     ///< operations issued on the stream
     std::uint64_t recorded = 0;   ///< `issued` when `done` was recorded (0: no event pending)
     std::uint64_t completed = 0;  ///< operations known complete
+    std::uint64_t* pending_flag = nullptr;  ///< a signal not written yet (coalescing), or null
+    std::uint64_t pending_value = 0;
   };
+
+  // The lane's pending signal as an 8-byte copy of its value from a pinned slot, stream-ordered
+  // after the lane's earlier copies, so the flag never overtakes their bytes. A slot is reused
+  // only once the copy that read it completed (a slot per operation of the ring's span).
+  status flush(lane& l) {
+    if (l.pending_flag == nullptr) return status::ok;
+    while (l.issued - l.completed >= value_slots) {  // rare: that many operations in flight
+      if (!check(cudaEventSynchronize(l.done), "cudaEventSynchronize")) return status::internal;
+      if (reap(l) != status::ok) return status::internal;
+    }
+    std::uint64_t* slot = l.values + (l.issued % value_slots);
+    *slot = l.pending_value;
+    if (!check(cudaMemcpyAsync(l.pending_flag, slot, sizeof(std::uint64_t), cudaMemcpyHostToDevice, l.stream),
+               "cudaMemcpyAsync (signal)"))
+      return status::internal;
+    l.pending_flag = nullptr;
+    l.pending_value = 0;
+    ++l.issued;
+    --coalesced_;  // this one was written, not coalesced away
+    return status::ok;
+  }
+  // Completions of one lane: the pending event, if it completed; a new event after its newest
+  // operation if none is pending.
+  status reap(lane& l) {
+    if (l.recorded != 0) {
+      cudaError_t const q = cudaEventQuery(l.done);
+      if (q == cudaSuccess) {
+        l.completed = l.recorded;
+        l.recorded = 0;
+      } else if (q != cudaErrorNotReady) {
+        check(q, "cudaEventQuery");
+        return status::internal;
+      }
+    }
+    if (l.recorded == 0 && l.issued > l.completed) {
+      if (!check(cudaEventRecord(l.done, l.stream), "cudaEventRecord")) return status::internal;
+      l.recorded = l.issued;
+    }
+    return status::ok;
+  }
 
   // r.bytes from rank `from`'s window at src_off to rank `to`'s at dst_off, on the stream of r.peer
   status copy(work_request const& r, int from, int to, std::uint64_t dst_off, std::uint64_t src_off, char const* what) {
@@ -153,6 +181,7 @@ class copy_engine_backend {
     if (!in_range(src_off, r.bytes, src.window_bytes) || !in_range(dst_off, r.bytes, dst.window_bytes)) return status::invalid_argument;
     if (r.bytes == 0) return status::ok;
     lane& l = peers_[static_cast<std::size_t>(r.peer)];
+    if (flush(l) != status::ok) return status::internal;  // an earlier signal keeps its place
     if (!check(cudaMemcpyAsync(dst.window + dst_off, src.window + src_off, r.bytes, cudaMemcpyDefault, l.stream), what))
       return status::internal;
     ++l.issued;
@@ -178,6 +207,7 @@ class copy_engine_backend {
   bool ok_ = true;
   std::string message_;
   std::uint64_t bytes_moved_ = 0;
+  std::uint64_t coalesced_ = 0;
 };
 
 static_assert(Backend<copy_engine_backend>);
