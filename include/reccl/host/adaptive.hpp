@@ -86,9 +86,9 @@ struct adaptive_options {
   telemetry::cost_model_q model{device::adaptive::stall_quantum_ns << telemetry::cost_model_q::frac_bits, 335544, 0, 0};
   shares initial{};       ///< starting shares of both chains (n_vts 0: equal); e.g. a static split for allocator::fixed
   /// Measurement only, to price the loop's parts (bench/adaptive): bit 0 skips the control CTA's
-  /// work (the record exchange and the step), bit 1 the verdict (so also recovery), bit 2 the device-side plan (the host's equal split is
-  /// used), bit 3 everything after the data phase (no record), bit 4 the prologue's loads; bits
-  /// 1-2 need bit 0, bits 3-4 need bits 0-2. Results stay right without faults; nothing adapts.
+  /// work (the record exchange and the step), bit 1 the verdict (so also recovery), bit 2 the
+  /// device-side plan (the host's equal split is used), bit 3 everything after the data phase (no
+  /// record), bit 4 the prologue's loads; bits 1-2 need bit 0, bits 3-4 need bits 0-2. Results stay right without faults; nothing adapts.
   std::uint32_t ablate = 0;
 };
 

@@ -96,11 +96,14 @@ class copy_engine_backend {
     device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
     if (r.flag_index >= peer.n_flags) return status::invalid_argument;
     lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    if (l.pending_flag != nullptr && l.pending_flag != peer.flags + r.flag_index && flush(l) != status::ok)
+    std::uint64_t* const flag = peer.flags + r.flag_index;
+    if (l.pending_flag == flag) {
+      ++coalesced_;  // the pending write of this flag carries this value instead
+    } else if (flush(l) != status::ok) {
       return status::internal;
-    l.pending_flag = peer.flags + r.flag_index;
+    }
+    l.pending_flag = flag;
     l.pending_value = l.pending_value > r.value ? l.pending_value : r.value;
-    ++coalesced_;
     return status::ok;
   }
 
@@ -149,7 +152,6 @@ class copy_engine_backend {
     l.pending_flag = nullptr;
     l.pending_value = 0;
     ++l.issued;
-    --coalesced_;  // this one was written, not coalesced away
     return status::ok;
   }
   // Completions of one lane: the pending event, if it completed; a new event after its newest

@@ -144,12 +144,11 @@ __device__ __noinline__ void plan_from_chain(adaptive_args const& a, control_reg
 /// Step 1 (every thread of data CTA 0): what this collective's record will carry besides its
 /// counters (read by the control CTA of e+1), and its split for the report.
 template <Telemetry M>
-RECCL_DEVICE void write_draft(adaptive_args const& a, control_region* R, std::uint64_t e, epoch_plan const& plan) {
+RECCL_DEVICE void write_draft(adaptive_args const& a, control_region* R, std::uint64_t e, epoch_plan const& plan, pattern const& P) {
   lsa_view const& v = a.base.view;
   int const tid = static_cast<int>(threadIdx.x);
   record_draft& d = R->drafts[e & 1u];
   if (tid < max_vts) {
-    pattern const P = make_pattern(a.base.coll, v.rank, v.nranks, a.base.root);
     std::uint64_t sends = 0;
     for (int p = 0; p < v.nranks; ++p) sends += P.sends_to(p) ? 1u : 0u;
     d.bytes[tid] = (M::enabled && tid < plan.sp.n_vts) ? plan.sp.count[tid] * a.unit_bytes * sends : 0;
@@ -191,8 +190,8 @@ RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std:
     slot.rec.stalls[tid] = smp.stalls[tid] = st_v;
     slot.rec.bytes[tid] = smp.bytes[tid] = by_v;
     smp.ns[tid] = (M::enabled && a1 != 0 && a1 > a0) ? a1 - a0 : 0;
+    atomicMax(&t_last, static_cast<unsigned long long>(a1));
   }
-  if (tid < max_vts) atomicMax(&t_last, __ldcg(&acc.t1[tid]));
   __syncthreads();
   if (tid == 33) {  // CTA 0's tail stamps, relative to this rank's last data CTA end (telemetry on)
     for (auto& t : smp.tail_ns) {
@@ -471,10 +470,10 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (cta == 0 && tid < n && tid != me) store_relaxed_sys(v.arrival(tid, me), e + 1);  // for naming a lost rank
   __syncthreads();
   if (cs.abort_flag) return;
-  if (cta == 0) write_draft<M>(a, R, e, plan);
 
   // ---- 2. data phase
   pattern const P = make_pattern(b.coll, me, n, b.root);
+  if (cta == 0) write_draft<M>(a, R, e, plan, P);
   split const& sp = plan.sp;
   bool const live = vt < sp.n_vts && sp.live(vt);
   bool const probe = !live && vt < a.n_vts && ((plan.probes >> vt) & 1u) != 0;
@@ -526,7 +525,6 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
       }
       if (faulted) {
         atomicOr(&acc.fault_mask, 1u << vt);
-        if (cx.touched) atomicOr(&acc.touched_mask, 1u << vt);
       } else {
         atomicAdd(&acc.live_done, 1u);
       }
@@ -572,16 +570,14 @@ __global__ void __launch_bounds__(cta_threads, 1) adaptive_kernel(__grid_constan
   if (lost_s >= 0) return;
   if (cta == 0 && tid == 0) verdict_seen = globaltimer();
   if (tid == 0) {
-    std::uint32_t const faults_any = fault_bits_s, touched_any = touched_s;
-    std::uint32_t const probe_all = plan.probes & ~probe_fail_s;
-    std::uint32_t const D = faults_any & ~plan.quiet & sp.live_mask;
+    std::uint32_t const D = fault_bits_s & ~plan.quiet & sp.live_mask;
     dead_s = D;
-    resync_s = D | (plan.probes & ~probe_all);
+    resync_s = D | (plan.probes & probe_fail_s);
     if (D != 0 && D == sp.live_mask) {
       record_fatal(R, st, status::timeout, me, __ffs(D) - 1);  // no live VT left to recover on
       stop = 1;
-    } else if (D != 0 && b.in_place && (touched_any & D) != 0) {
-      record_fatal(R, st, status::internal, me, __ffs(touched_any & D) - 1);
+    } else if (D != 0 && b.in_place && (touched_s & D) != 0) {
+      record_fatal(R, st, status::internal, me, __ffs(touched_s & D) - 1);
       stop = 1;
     }
   }

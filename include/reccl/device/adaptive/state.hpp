@@ -7,8 +7,8 @@
 //   │ epoch            index of the next adaptive collective on this lane (global epoch e);   │
 //   │                  first_epoch: where the current control state (chains) started          │
 //   │ quiet            VTs that faulted or failed a probe in e-1: carried as faults in e      │
-//   │ counters[2]      per parity of the collective: stalls, VT times, fault / probe /        │
-//   │                  touched bits, done count (reset by the control CTA of the next one)    │
+//   │ counters[2]      per parity of the collective: stalls, VT times, fault / probe bits,    │
+//   │                  live CTA counts (reset by the control CTA of the next one)             │
 //   │ drafts[2]        per parity: what the collective's record carries besides its counters  │
 //   │ faults           injected throttles and dead VTs, keyed by epoch (host-written)         │
 //   │ model            a cost model the host installed, with the epoch it applies from        │
@@ -22,10 +22,10 @@
 //
 // The end of collective e is the verdict: every data CTA sends one tagged word (its fault, probe
 // and touched bits) to every rank, and every data CTA waits for all of them, which is all that
-// recovery needs to agree on (no counter round trip on the way). The full record of e (stalls, bytes, digest, checksum)
-// is built and exchanged by the control CTA of e+1, beside e+1's data phase, just before that CTA
-// steps with those records: the records reach the step as early as before, and the tail of every
-// collective carries only the verdict.
+// recovery needs to agree on (no counter round trip on the way). The full record of e (stalls,
+// bytes, digest, checksum) is built and exchanged by the control CTA of e+1, beside e+1's data
+// phase, just before that CTA steps with those records: the records reach the step as early as
+// before, and the tail of every collective carries only the verdict.
 //
 // Two control chains. One GPU thread needs ~39 us for control<texcp>::step with 8 VTs and 2 ranks
 // (bench/perf/control_step.cu on an H200): more than a 64 MiB collective can spend between two
@@ -89,10 +89,9 @@ struct counters {
   unsigned long long t1[max_vts];      ///< last end of a CTA of the VT
   unsigned int fault_mask;             ///< VTs whose data CTAs gave up (VT deadline)
   unsigned int probe_fail_mask;        ///< probed VTs whose probe did not arrive in its window
-  unsigned int touched_mask;           ///< faulted VTs that had written part of their output
   unsigned int live_done;              ///< CTAs of live VTs that finished their block
   unsigned int live_ended;             ///< CTAs of live VTs past their data phase (finished or faulted)
-  unsigned int pad[3];
+  unsigned int pad[4];
 };
 
 /// What collective e's record carries besides its counters, written by data CTA 0 when e starts

@@ -131,8 +131,7 @@ struct lsa_view {
   }
   /// Verdict word (adaptive::verdict_word) in `owner`'s memory from data CTA `cta` of rank `src`.
   RECCL_HOST_DEVICE std::uint64_t* verdict(int owner, int parity, int src, int cta) const {
-    return reinterpret_cast<std::uint64_t*>(lane_base(owner) + L.tele_off + 2ull * max_lsa * sizeof(adaptive::tele_slot) +
-                                            8ull * max_lsa) +
+    return arrival(owner, max_lsa) +  // right after the arrival words
            (static_cast<std::uint64_t>(parity) * max_lsa + static_cast<std::uint64_t>(src)) * static_cast<std::uint64_t>(L.max_ctas) + cta;
   }
   RECCL_HOST_DEVICE char* probe_area(int cta) const {

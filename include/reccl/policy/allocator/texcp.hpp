@@ -55,10 +55,10 @@ struct texcp {
   std::uint32_t epsilon = 64;              ///< added to the slowest VT's factor, Q16; default q16(1/1024)
   std::uint32_t min_share = share_one >> 10;  ///< every live VT ends an update with at least this share, Q30; default 1/1024 (also the share a joining VT gets)
   /// Dead band, Q16: while every estimated VT's time is within this fraction of the mean (so
-  /// balancing could gain about that much at most), the shares stay as they are; default q16(1/64). Moving bytes is not
-  /// free on the GPU: a VT block a little off its previous size gives its pipelines a last,
-  /// partial chunk, and on an H200 the ~0.5% share jitter of a healthy link cost a 64 MiB
-  /// all-reduce 4% (bench/NOTES.md, 19). 0 moves on every estimate.
+  /// balancing could gain about that much at most), the shares stay as they are; default
+  /// q16(1/64). Moving bytes is not free on the GPU: a VT block a little larger than before gives
+  /// its pipelines one more round, and on an H200 the 0.1-1% share jitter of a healthy link cost a
+  /// 64 MiB all-reduce up to ~4% (bench/NOTES.md, 20). 0 moves on every estimate.
   std::uint32_t dead_band = 1024;
 
   /// Next shares from the previous shares and the times of the last collective. VTs without an
@@ -86,27 +86,25 @@ struct texcp {
     }
     std::uint64_t mean = weighted / mass;  // T̄ in the units of t (max 2^20)
     if (mean == 0) mean = 1;
-    {  // balanced within the dead band: every estimated VT within dead_band of the mean
-      bool hold = true;
-      for (int i = 0; i < max_vts && hold; ++i) {
-        if (!((est >> i) & 1u)) continue;
-        std::uint64_t const r = (t[i] << 16) / mean;  // T_i / T̄, Q16
-        hold = r <= 65536u + dead_band && r + dead_band >= 65536u;
-      }
-      if (hold) {
-        detail::apply_floor(s.w, s.live_mask, min_share);
-        return s;
-      }
+    std::int64_t ratio[max_vts] = {};  // T_i / T̄, Q16
+    bool hold = true;                  // balanced within the dead band: every estimated VT
+    for (int i = 0; i < max_vts; ++i) {
+      if (!((est >> i) & 1u)) continue;
+      ratio[i] = static_cast<std::int64_t>((t[i] << 16) / mean);
+      hold = hold && ratio[i] <= 65536 + static_cast<std::int64_t>(dead_band) && ratio[i] + dead_band >= 65536;
     }
-    std::int64_t const step = eta < 131072u ? eta : 131072;  // η <= 2 keeps step * r in 64 bits
+    if (hold) {
+      detail::apply_floor(s.w, s.live_mask, min_share);
+      return s;
+    }
+    std::int64_t const step = eta < 131072u ? eta : 131072;  // η <= 2 keeps step * ratio in 64 bits
     // Clamped VTs keep exactly w_i · f_min (+ ε); the others share the rest of `mass` in proportion
     // to w_i · f_i, so the clamp is a guarantee, not just a bound before renormalization.
     std::uint64_t raw[max_vts] = {}, clamped_sum = 0;
     std::uint32_t clamped = 0;
     for (int i = 0; i < max_vts; ++i) {
       if (!((est >> i) & 1u)) continue;
-      std::int64_t const r = static_cast<std::int64_t>((t[i] << 16) / mean);  // T_i / T̄, Q16
-      std::int64_t f = 65536 + step * (65536 - r) / 65536;
+      std::int64_t f = 65536 + step * (65536 - ratio[i]) / 65536;
       bool const clamp = f < static_cast<std::int64_t>(min_factor);
       if (clamp) f = min_factor;
       if (i == slowest) f += epsilon;
