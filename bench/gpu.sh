@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
 #
-#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy all
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy shim all
 #                                 (default: all)
+#
+# shim: libreccl_nccl.so's GPU test, then NVIDIA's nccl-tests under NCCL and under the shim
+# (binaries from $NCCL_TESTS_BIN, default $RECCL_GPU_BIN/nccl-tests: scripts/build-gpu-bin.sh
+# nccl_tests builds them from a checkout kept outside this repository) and a torch.distributed
+# all-reduce loop (bench/shim/*.py). SHIM_PART=check|perf|all picks the nccl-tests part (default all).
 #
 # On one GPU the tests run on loopback ranks (create_loopback) and the adaptive bench too; the
 # reccl_perf stages need two GPUs. RECCL_GPU_BIN=dir takes prebuilt binaries from dir (built on
@@ -22,7 +27,7 @@ mkdir -p "$OUT" "$BUILD"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RECCL_COMMIT=${RECCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STAGES=" ${*:-all} "
-STAGES=${STAGES/ all / build test sanitize bench-ar bench-other adaptive proxy }
+STAGES=${STAGES/ all / build test sanitize bench-ar bench-other adaptive proxy shim }
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%H:%M:%S)] $*"; }
 SUMMARY=()
@@ -35,10 +40,14 @@ T_AD=$BUILD/reccl.test.device.adaptive
 ADB=$BUILD/reccl_adaptive_bench
 T_CE=$BUILD/reccl.test.device.copy_engine
 PXC=$BUILD/reccl_proxy_cost
+SHIM_SO=$BUILD/cmake/shim/libreccl_nccl.so
+T_SHIM=$BUILD/cmake/shim/reccl.test.shim.serve
 if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
   B=$(cd "$RECCL_GPU_BIN" && pwd)
   PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
   T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench T_CE=$B/reccl.test.device.copy_engine PXC=$B/reccl_proxy_cost
+  SHIM_SO=$B/libreccl_nccl.so T_SHIM=$B/reccl.test.shim.serve
+  NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$B/nccl-tests}
   # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
   NCCL_WHEEL=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null)/lib
   [[ -d "$NCCL_WHEEL" ]] && export LD_LIBRARY_PATH="$NCCL_WHEEL:${LD_LIBRARY_PATH:-}"
@@ -53,7 +62,7 @@ if has build; then
       -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
       cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
         reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench reccl.test.device.copy_engine \
-        reccl_proxy_cost >>"$OUT/cmake.log" 2>&1
+        reccl_proxy_cost reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]]; then
       PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
@@ -190,12 +199,34 @@ if has proxy; then
   rc=$?; SUMMARY+=("proxy cost: rc=$rc")
 fi
 
+if has shim; then
+  log "NCCL shim: GPU test"
+  timeout 600 "$T_SHIM" >"$OUT/test_shim.log" 2>&1
+  rc=$?; SUMMARY+=("test shim: rc=$rc  $(grep -E 'test cases:' "$OUT/test_shim.log" | tail -1)")
+  grep -E "ERROR|FAILED|ranks:|reccl:" "$OUT/test_shim.log" | head -10
+  if [[ -x "${NCCL_TESTS_BIN:-}/all_reduce_perf" ]]; then
+    log "NCCL shim: nccl-tests under NCCL and under the shim (part ${SHIM_PART:-all})"
+    timeout 900 python3 bench/shim/nccl_tests.py --bin "$NCCL_TESTS_BIN" --shim "$SHIM_SO" --out "$OUT/shim" \
+      --part "${SHIM_PART:-all}" >"$OUT/shim_nccl_tests.txt" 2>&1
+    rc=$?; SUMMARY+=("nccl-tests (NCCL, shim): rc=$rc  $(tail -20 "$OUT/shim_nccl_tests.txt" | grep -E 'runs,')")
+  else
+    SUMMARY+=("nccl-tests: skipped (no binaries in ${NCCL_TESTS_BIN:-NCCL_TESTS_BIN unset})")
+  fi
+  if [[ $NGPU -ge 2 ]] && python3 -c 'import torch' 2>/dev/null; then
+    log "NCCL shim: torch.distributed all-reduce loop"
+    timeout 600 python3 bench/shim/torch_allreduce.py --shim "$SHIM_SO" --out "$OUT/shim" >"$OUT/shim_torch.txt" 2>&1
+    rc=$?; SUMMARY+=("torch all_reduce (NCCL, shim): rc=$rc")
+  fi
+fi
+
 # ---- summary --------------------------------------------------------------------------------------
 echo
 echo "================ summary ($RECCL_COMMIT) ================"
 for s in "${SUMMARY[@]}"; do echo "$s"; done
 [[ -f "$OUT/adaptive.txt" ]] && sed -n '/reccl_adaptive_bench summary/,$p' "$OUT/adaptive.txt"
 [[ -f "$OUT/proxy_cost.txt" ]] && sed -n '/reccl_proxy_cost (/,$p' "$OUT/proxy_cost.txt"
+[[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
+[[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"
 if ls "$OUT"/*.json >/dev/null 2>&1; then
   python3 - "$OUT" <<'PY'
 import json, sys, glob, os
