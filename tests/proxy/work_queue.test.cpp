@@ -37,6 +37,15 @@ bool same(work_request const& a, work_request const& b) {
          a.dst_offset == b.dst_offset && a.bytes == b.bytes && a.value == b.value;
 }
 
+// Each producer-side test runs twice: on the plain view (every push reads the counters) and on
+// the view with a producer cache (pushes read nothing while the ring has room).
+#define GENERATE_VIEW(q) [&] {                                   \
+  work_queue_view w = (q).view();                                \
+  SUBCASE("plain view") {}                                       \
+  SUBCASE("with a producer cache") { w = (q).producer_view(); }  \
+  return w;                                                      \
+}()
+
 }  // namespace
 
 TEST_CASE("work_queue: capacity must be a power of two") {
@@ -51,7 +60,7 @@ TEST_CASE("work_queue: capacity must be a power of two") {
 TEST_CASE("work_queue: FIFO order and wrap-around on one thread") {
   work_queue q(4);
   REQUIRE(q.valid());
-  auto const v = q.view();
+  auto const v = GENERATE_VIEW(q);
   std::mt19937 g(7);
   std::uint64_t pushed = 0, popped = 0;
   // Random bursts of pushes and pops wrap the 4-slot ring hundreds of times.
@@ -79,7 +88,7 @@ TEST_CASE("work_queue: FIFO order and wrap-around on one thread") {
 
 TEST_CASE("work_queue: a producer thread and a consumer thread keep order") {
   work_queue q(16);
-  auto const v = q.view();
+  auto const v = GENERATE_VIEW(q);
   constexpr std::uint64_t n = 50'000;
   std::thread producer([&] {
     for (std::uint64_t i = 0; i < n; ++i) {
@@ -109,7 +118,7 @@ TEST_CASE("work_queue: a producer thread and a consumer thread keep order") {
 
 TEST_CASE("work_queue: a full queue stalls until its deadline, then fails sticky with timeout") {
   work_queue q(2);
-  auto const v = q.view();
+  auto const v = GENERATE_VIEW(q);
   REQUIRE(v.try_push(make_signal(0, 0, 1)));
   REQUIRE(v.try_push(make_signal(0, 0, 2)));
   std::uint64_t const t0 = clock_ns();
@@ -132,7 +141,7 @@ TEST_CASE("work_queue: a full queue stalls until its deadline, then fails sticky
 
 TEST_CASE("work_queue: a stalled push succeeds once the consumer frees a slot") {
   work_queue q(1);
-  auto const v = q.view();
+  auto const v = GENERATE_VIEW(q);
   REQUIRE(v.try_push(make_signal(1, 5, 10)));
   std::thread consumer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -170,4 +179,57 @@ TEST_CASE("work_queue: flush waits for completions and is bounded") {
   CHECK(v.flush(clock_ns()).st == status::ok);  // completed == published now: one poll suffices
   v.fail(status::internal);
   CHECK(v.wait_completed(4, clock_ns() + 1'000'000'000).st == status::internal);
+}
+
+TEST_CASE("work_queue: with a producer cache, a push reads the queue only when the ring looks full") {
+  work_queue q(4);
+  auto const v = q.producer_view();
+  work_queue_view const consumer = q.view();
+  for (int i = 0; i < 4; ++i) REQUIRE(v.try_push(make_signal(0, 0, static_cast<std::uint64_t>(i))));
+  CHECK(v.published() == 4);
+  // the consumer frees two slots: the cached head is stale, the push that finds the ring full
+  // reloads it and goes on
+  work_request r;
+  REQUIRE(consumer.try_pop(r));
+  REQUIRE(consumer.try_pop(r));
+  CHECK(v.cache->head == 0);
+  CHECK(v.try_push(make_signal(0, 0, 4)));
+  CHECK(v.cache->head == 2);
+  CHECK(v.try_push(make_signal(0, 0, 5)));
+  CHECK_FALSE(v.try_push(make_signal(0, 0, 6)));
+  for (std::uint64_t want = 2; want < 6; ++want) {
+    REQUIRE(consumer.try_pop(r));
+    CHECK(r.value == want);
+  }
+}
+
+TEST_CASE("work_queue: with a producer cache, the consumer's error stops pushes once the ring fills, and waits at once") {
+  work_queue q(2);
+  auto const v = q.producer_view();
+  work_queue_view const consumer = q.view();
+  REQUIRE(v.push(make_signal(0, 0, 1), clock_ns() + 1'000'000'000).st == status::ok);
+  consumer.fail(status::internal);
+  // room left: the push is not told yet (reading the error word is what the cache saves)
+  CHECK(v.push(make_signal(0, 0, 2), clock_ns() + 1'000'000'000).st == status::ok);
+  // full: the producer looks, finds the error, and stops without waiting for the deadline
+  std::uint64_t const t0 = clock_ns();
+  push_result const r = v.push(make_signal(0, 0, 3), t0 + 5'000'000'000ull);
+  CHECK(r.st == status::internal);
+  CHECK(clock_ns() - t0 < 1'000'000'000ull);
+  CHECK(v.push(make_signal(0, 0, 4), clock_ns() + 1'000'000'000).st == status::internal);  // sticky, at once
+  CHECK(v.flush(clock_ns() + 1'000'000'000).st == status::internal);
+}
+
+TEST_CASE("work_queue: a producer cache picks up a queue that already holds requests") {
+  work_queue q(8);
+  work_queue_view const plain = q.view();
+  for (int i = 0; i < 3; ++i) REQUIRE(plain.try_push(make_signal(0, 0, static_cast<std::uint64_t>(i))));
+  auto const v = q.producer_view();  // first use loads tail and head
+  REQUIRE(v.try_push(make_signal(0, 0, 3)));
+  CHECK(v.published() == 4);
+  work_request r;
+  for (std::uint64_t want = 0; want < 4; ++want) {
+    REQUIRE(plain.try_pop(r));
+    CHECK(r.value == want);
+  }
 }

@@ -72,24 +72,32 @@ class copy_engine_group {
       RECCL_CUDA_CHECK(cudaMalloc(&s.window, layout_.window_bytes()));
       RECCL_CUDA_CHECK(cudaMalloc(&s.flags, sizeof(std::uint64_t) * layout_.n_flags()));
       RECCL_CUDA_CHECK(cudaMemset(s.flags, 0, sizeof(std::uint64_t) * layout_.n_flags()));
-      // the queues and the device's copy of their views, in one mapped block
+      // the queues (rings and control blocks) in one mapped block; the kernels' views of them and
+      // their producer caches in device memory, so that a push reads nothing across PCIe while
+      // its ring has room (see producer_cache)
       std::size_t const ring_bytes = sizeof(work_request) * cfg_.queue_capacity * static_cast<std::size_t>(cfg_.n_vts);
       std::size_t const ctl_bytes = sizeof(queue_control) * static_cast<std::size_t>(cfg_.n_vts);
-      std::size_t const view_bytes = sizeof(work_queue_view) * static_cast<std::size_t>(cfg_.n_vts);
-      RECCL_CUDA_CHECK(cudaHostAlloc(&s.host_block, ring_bytes + ctl_bytes + view_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-      std::memset(s.host_block, 0, ring_bytes + ctl_bytes + view_bytes);
+      RECCL_CUDA_CHECK(cudaHostAlloc(&s.host_block, ring_bytes + ctl_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      std::memset(s.host_block, 0, ring_bytes + ctl_bytes);
       void* dev_block = nullptr;
       RECCL_CUDA_CHECK(cudaHostGetDevicePointer(&dev_block, s.host_block, 0));
+      std::size_t const views_bytes = sizeof(work_queue_view) * static_cast<std::size_t>(cfg_.n_vts);
+      std::size_t const caches_bytes = sizeof(producer_cache) * static_cast<std::size_t>(cfg_.n_vts);
+      RECCL_CUDA_CHECK(cudaMalloc(&s.dev_block, views_bytes + caches_bytes));
+      RECCL_CUDA_CHECK(cudaMemset(s.dev_block, 0, views_bytes + caches_bytes));
       auto* h = static_cast<unsigned char*>(s.host_block);
       auto* d = static_cast<unsigned char*>(dev_block);
-      auto* dev_views = reinterpret_cast<work_queue_view*>(h + ring_bytes + ctl_bytes);  // written here, read by kernels
+      auto* caches = reinterpret_cast<producer_cache*>(static_cast<unsigned char*>(s.dev_block) + views_bytes);
+      std::vector<work_queue_view> dev_views;
       for (int v = 0; v < cfg_.n_vts; ++v) {
         std::size_t const ro = sizeof(work_request) * cfg_.queue_capacity * static_cast<std::size_t>(v);
         std::size_t const co = ring_bytes + sizeof(queue_control) * static_cast<std::size_t>(v);
         s.views.push_back({reinterpret_cast<work_request*>(h + ro), reinterpret_cast<queue_control*>(h + co), cfg_.queue_capacity});
-        dev_views[v] = {reinterpret_cast<work_request*>(d + ro), reinterpret_cast<queue_control*>(d + co), cfg_.queue_capacity};
+        dev_views.push_back({reinterpret_cast<work_request*>(d + ro), reinterpret_cast<queue_control*>(d + co), cfg_.queue_capacity,
+                             caches + v});
       }
-      s.dev_views = reinterpret_cast<work_queue_view const*>(d + ring_bytes + ctl_bytes);
+      RECCL_CUDA_CHECK(cudaMemcpy(s.dev_block, dev_views.data(), views_bytes, cudaMemcpyHostToDevice));
+      s.dev_views = static_cast<work_queue_view const*>(s.dev_block);
       mem_[static_cast<std::size_t>(r)] = {static_cast<std::byte*>(s.window), layout_.window_bytes(), s.flags, layout_.n_flags(),
                                            cfg_.devices[static_cast<std::size_t>(r)]};
     }
@@ -111,6 +119,7 @@ class copy_engine_group {
       if (s.window) cudaFree(s.window);
       if (s.flags) cudaFree(s.flags);
       if (s.host_block) cudaFreeHost(s.host_block);
+      if (s.dev_block) cudaFree(s.dev_block);
     }
   }
 
@@ -129,7 +138,9 @@ class copy_engine_group {
     h.push_timeout_ns = cfg_.push_timeout_ns;
     return h;
   }
-  /// The host's view of rank `rank`'s queue for `vt` (a host thread may produce into it instead).
+  /// The host's view of rank `rank`'s queue for `vt` (a host thread may produce into it instead of
+  /// the rank's kernels, never besides them: the kernels' producer cache assumes they are the
+  /// queue's only producer).
   work_queue_view const& queue(int rank, int vt) const { return ranks_.at(static_cast<std::size_t>(rank)).views.at(static_cast<std::size_t>(vt)); }
   /// The first error of any rank's proxy (status::ok if none) and its message.
   status error() const {
@@ -148,6 +159,7 @@ class copy_engine_group {
     void* window = nullptr;
     std::uint64_t* flags = nullptr;
     void* host_block = nullptr;
+    void* dev_block = nullptr;  ///< the kernels' views and producer caches
     std::vector<work_queue_view> views;        ///< host pointers (the proxy)
     work_queue_view const* dev_views = nullptr;  ///< device pointers (the kernels)
     std::unique_ptr<copy_engine_backend> backend;

@@ -132,7 +132,7 @@ struct proxy {
     }
 
     /// Polls my flag f from (vt, peer) until it is >= value, the absolute deadline
-    /// (proxy::clock_ns()) passes, or the VT's queue holds an error (returned at once).
+    /// (proxy::clock_ns()) passes, or the VT's queue holds an error (seen within 32 polls).
     RECCL_HOST_DEVICE wait_result wait(int vt, int peer, flag f, std::uint64_t value, std::uint64_t deadline_ns) const {
       wait_result res;
       if (vt < 0 || vt >= layout.n_vts || peer < 0 || peer >= layout.nranks) {
@@ -142,9 +142,12 @@ struct proxy {
       std::uint64_t const* w = flags + layout.flag_index(vt, peer, f);
       for (;;) {
         if (reccl::proxy::load_acquire(w) >= value) return res;
-        if (status const e = queues[vt].error(); e != status::ok) {
-          res.st = e;
-          return res;
+        // the queue's error word is across PCIe for a kernel: look every 32 polls, not every one
+        if (res.spins % 32 == 0) {
+          if (status const e = queues[vt].error(); e != status::ok) {
+            res.st = e;
+            return res;
+          }
         }
         ++res.spins;
         reccl::proxy::relax();

@@ -201,6 +201,22 @@ RECCL_HOST_DEVICE std::uint64_t clock_ns() {
 #endif
 }
 
+/// The producer's own copies of its queue's counters, kept in memory close to the producer
+/// (device memory for a kernel, host memory for a thread). With one, a push reads nothing across
+/// PCIe while the ring has room: it writes the record and the tail, and refreshes `head` (and looks
+/// at the queue's error word) only when the cached values say the ring is full. Without one (a
+/// view whose `cache` is null) every push reads tail, head and error from the queue itself.
+/// The cache assumes its producer is the queue's only producer for as long as the cache is in use
+/// (a second producer's records would be overwritten; nothing detects it).
+/// Zero-initialise it with the queue; it loads the counters at its first push.
+struct producer_cache {
+  std::uint64_t tail = 0;   ///< == the queue's tail (only the producer writes tail)
+  std::uint64_t head = 0;   ///< a head value seen earlier (<= the queue's head: conservative)
+  std::uint32_t error = 0;  ///< the sticky error, once this producer has seen or set it
+  std::uint32_t valid = 0;  ///< 0 until the first push has loaded tail and head
+};
+static_assert(std::is_trivially_copyable_v<producer_cache>);
+
 /// Outcome of a bounded push or flush: status::ok, status::timeout (deadline passed), or the
 /// queue's sticky error; spins = unsuccessful polls (stalls).
 struct push_result {
@@ -215,11 +231,13 @@ struct work_queue_view {
   work_request* ring = nullptr;
   queue_control* ctl = nullptr;
   std::uint32_t capacity = 0;
+  producer_cache* cache = nullptr;  ///< the producer's counters (optional; see producer_cache)
 
   // -- producer ---------------------------------------------------------------------------------
 
   /// One attempt: publishes r and returns true, or returns false if the ring is full.
   RECCL_HOST_DEVICE bool try_push(work_request const& r) const {
+    if (cache != nullptr) return try_push_cached(r);
     std::uint64_t const t = load_relaxed(&ctl->tail);  // only this producer writes tail
     if (t - load_acquire(&ctl->head) >= capacity) return false;
     ring[t & (capacity - 1)] = r;
@@ -228,21 +246,24 @@ struct work_queue_view {
   }
 
   /// Publishes r, polling a full ring until the absolute deadline (clock_ns()). Each unsuccessful
-  /// poll is a stall, added to ctl->stalls. Fails fast with the queue's sticky error if one is set,
-  /// and sets status::timeout as the sticky error if the deadline passes (the request is dropped;
-  /// every later wait on what it would have delivered then times out too).
+  /// poll is a stall, added to ctl->stalls. Fails fast with the queue's sticky error if one is set
+  /// (with a producer cache: once the producer has seen it, which is at the latest when the ring
+  /// fills or a wait or flush returns it), and sets status::timeout as the sticky error if the
+  /// deadline passes (the request is dropped; every later wait on what it would have delivered
+  /// then times out too).
   RECCL_HOST_DEVICE push_result push(work_request const& r, std::uint64_t deadline_ns) const {
     push_result res;
     for (;;) {
-      if (status const e = get_error(&ctl->error); e != status::ok) {
+      if (status const e = cached_or_queue_error(); e != status::ok) {
         res.st = e;
         break;
       }
       if (try_push(r)) break;
+      if (cache != nullptr) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));  // full: look at the queue's error
       ++res.spins;
       relax();
       if (clock_ns() >= deadline_ns) {
-        set_error(&ctl->error, status::timeout);
+        fail(status::timeout);
         res.st = status::timeout;
         break;
       }
@@ -252,7 +273,10 @@ struct work_queue_view {
   }
 
   /// Requests published so far: the sequence number the next push gets.
-  RECCL_HOST_DEVICE std::uint64_t published() const { return load_relaxed(&ctl->tail); }
+  RECCL_HOST_DEVICE std::uint64_t published() const {
+    if (cache != nullptr && cache->valid) return cache->tail;
+    return load_relaxed(&ctl->tail);
+  }
 
   /// Waits until the proxy completed every request with sequence number < n (their source bytes
   /// may be reused, their destination bytes and signals have arrived), the deadline passes
@@ -292,10 +316,39 @@ struct work_queue_view {
 
   // -- either side ------------------------------------------------------------------------------
 
+  /// The queue's sticky error, read from the queue (a PCIe read for a kernel producer).
   RECCL_HOST_DEVICE status error() const { return get_error(&ctl->error); }
-  RECCL_HOST_DEVICE void fail(status s) const { set_error(&ctl->error, s); }
+  RECCL_HOST_DEVICE void fail(status s) const {
+    set_error(&ctl->error, s);
+    if (cache != nullptr && cache->error == 0) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));
+  }
   /// Stalls counted so far (read by the producer; an estimate if read elsewhere while it runs).
   RECCL_HOST_DEVICE std::uint64_t stalls() const { return load_relaxed(&ctl->stalls); }
+
+ private:
+  RECCL_HOST_DEVICE status cached_or_queue_error() const {
+    return cache != nullptr ? static_cast<status>(cache->error) : get_error(&ctl->error);
+  }
+  // The cached push: no read of the queue while the cached head says there is room. When it says
+  // the ring is full, head is reloaded (acquire: the slot's old record was copied out before the
+  // consumer published that head).
+  RECCL_HOST_DEVICE bool try_push_cached(work_request const& r) const {
+    producer_cache& c = *cache;
+    if (!c.valid) {
+      c.tail = load_relaxed(&ctl->tail);
+      c.head = load_acquire(&ctl->head);
+      c.valid = 1;
+    }
+    std::uint64_t const t = c.tail;
+    if (t - c.head >= capacity) {
+      c.head = load_acquire(&ctl->head);
+      if (t - c.head >= capacity) return false;
+    }
+    ring[t & (capacity - 1)] = r;
+    store_release(&ctl->tail, t + 1);
+    c.tail = t + 1;
+    return true;
+  }
 };
 static_assert(std::is_trivially_copyable_v<work_queue_view>);
 
@@ -311,11 +364,15 @@ class work_queue {
     capacity_ = capacity;
   }
   bool valid() const { return capacity_ != 0; }
+  /// The queue's view without a producer cache (every push reads the counters).
   work_queue_view view() const { return {ring_.get(), ctl_.get(), capacity_}; }
+  /// The view with this queue's producer cache: for its one producer.
+  work_queue_view producer_view() const { return {ring_.get(), ctl_.get(), capacity_, cache_.get()}; }
 
  private:
   std::unique_ptr<work_request[]> ring_;
   std::unique_ptr<queue_control> ctl_;
+  std::unique_ptr<producer_cache> cache_ = std::make_unique<producer_cache>();
   std::uint32_t capacity_ = 0;
 };
 
