@@ -22,7 +22,8 @@
 //
 // Memory and lifetime: reccl's state of a communicator (scratch window, device communicator, and
 // for an adaptive allocator a second lane) is built at its first served collective, on every rank
-// together, and released at ncclCommFinalize/Destroy/Abort, before NCCL's own teardown.
+// together (two agreement all-reduces make every rank serve or every rank forward), and released
+// at ncclCommFinalize/Destroy, before NCCL's own teardown; ncclCommAbort leaves it allocated.
 // Errors: bad arguments are returned at the call (ncclInvalidArgument, with a log line); a device
 // wait that fails (a rank that never arrives, ranks that disagree on count/dtype/op) is reported by
 // ncclCommGetAsyncError (ncclRemoteError for a timeout, ncclInvalidUsage for a mismatch).
@@ -203,7 +204,7 @@ struct served_comm {
   std::uint32_t* status_h = nullptr;  // pinned, one word per lane
   std::chrono::steady_clock::time_point last_poll{};
   ncclResult_t async = ncclSuccess;
-  std::uint64_t served = 0;  ///< calls launched
+  std::atomic<std::uint64_t> served{0};  ///< calls launched (read by other threads)
 
   explicit served_comm(nvlink_communicator&& c) : comm(std::move(c)) {}
   served_comm(served_comm const&) = delete;
@@ -220,6 +221,40 @@ struct served_comm {
   bool adaptive() const { return texcp_lane != nullptr || proportional_lane != nullptr; }
 };
 
+/// Every rank's verdict on `ok`, for every communicator of `cs` (one grouped int32 min all-reduce
+/// on the real NCCL): true only if every rank of every one said yes. So a rank that cannot build
+/// its state never leaves the others serving, or waiting in a collective it will not join.
+bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
+  std::vector<int*> flag(cs.size(), nullptr);
+  std::vector<cudaStream_t> st(cs.size(), nullptr);
+  int const mine = ok ? 1 : 0;
+  bool agreed = true;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    int dev = 0;
+    agreed = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess &&
+             cudaMalloc(&flag[i], sizeof(int)) == cudaSuccess &&
+             cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking) == cudaSuccess &&
+             cudaMemcpy(flag[i], &mine, sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess && agreed;
+  }
+  if (agreed) {  // a rank that could not even set this up stays out, and so do its peers (timeout: NCCL's)
+    RECCL_REAL(ncclGroupStart)();
+    for (std::size_t i = 0; i < cs.size(); ++i)
+      agreed = RECCL_REAL(ncclAllReduce)(flag[i], flag[i], 1, ncclInt32, ncclMin, cs[i], st[i]) == ncclSuccess && agreed;
+    agreed = RECCL_REAL(ncclGroupEnd)() == ncclSuccess && agreed;
+  }
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    int all = 0;
+    int dev = 0;
+    if (RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess) cudaSetDevice(dev);
+    if (agreed && st[i] != nullptr)
+      agreed = cudaStreamSynchronize(st[i]) == cudaSuccess &&
+               cudaMemcpy(&all, flag[i], sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && all == 1;
+    if (st[i] != nullptr) cudaStreamDestroy(st[i]);
+    if (flag[i] != nullptr) cudaFree(flag[i]);
+  }
+  return agreed;
+}
+
 struct nccl_backend {
   using comm_type = ncclComm_t;
   using state_type = served_comm;
@@ -231,7 +266,31 @@ struct nccl_backend {
     nvlink_config cfg;
     cfg.lanes = s.alloc == allocator_choice::equal ? 1 : 2;
     cfg.timeout_ns = s.timeout_ns;
-    std::vector<nvlink_communicator> made = nvlink_communicator::create_all(cs, cfg);
+    // Before any collective setup call: can every rank allocate its scratch? (the failure that is
+    // local to one rank; the collective calls that follow fail on every rank alike)
+    bool can = true;
+    for (ncclComm_t c : cs) {
+      int n = 0, dev = 0;
+      std::size_t free_b = 0, total_b = 0;
+      can = can && RECCL_REAL(ncclCommCount)(c, &n) == ncclSuccess && n >= 1 && n <= device::max_lsa &&
+            RECCL_REAL(ncclCommCuDevice)(c, &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess &&
+            cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+            free_b >= device::make_lsa_layout(n, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
+                                              cfg.ring_depth).total_bytes() + (std::size_t{256} << 20);
+    }
+    if (!all_ranks_agree(cs, can))
+      throw reccl::error(status::invalid_argument,
+                         "a rank cannot hold reccl's scratch window (GPU memory, rank count) or its CUDA state failed");
+    std::vector<nvlink_communicator> made;
+    std::string failure;
+    try {
+      made = nvlink_communicator::create_all(cs, cfg);
+    } catch (std::exception const& e) {
+      failure = e.what();
+    }
+    // after: did every rank succeed? (a rank that failed alone must not be the only one forwarding)
+    if (!all_ranks_agree(cs, failure.empty()))
+      throw reccl::error(status::internal, failure.empty() ? "another rank failed to build reccl's state" : failure);
     std::vector<std::unique_ptr<served_comm>> out;
     std::vector<nvlink_communicator*> ptrs;
     for (auto& c : made) {
@@ -295,13 +354,22 @@ struct nccl_backend {
   void log(std::string const& m) { fail(m); }
 
   /// The first device-side failure on any lane, polled at most once a millisecond (the poll is a
-  /// small copy on a private stream: it never waits for the user's work).
+  /// small copy on a private stream: it never waits for the user's work). Called under the
+  /// dispatcher's lock, from any thread; it touches only the poll's own fields.
   ncclResult_t async_error(served_comm& s) {
     if (s.async != ncclSuccess) return s.async;
     auto const now = std::chrono::steady_clock::now();
     if (now - s.last_poll < std::chrono::milliseconds(1)) return ncclSuccess;
     s.last_poll = now;
     device_restore dr;
+    // the caller may be a watchdog thread while another thread captures a graph in global mode:
+    // the poll's copy and synchronisation must not invalidate that capture
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    struct restore_mode {
+      cudaStreamCaptureMode m;
+      ~restore_mode() { cudaThreadExchangeStreamCaptureMode(&m); }
+    } restore{mode};
     int const lanes = s.comm.config().lanes;
     if (cudaSetDevice(s.comm.device()) != cudaSuccess) return ncclUnhandledCudaError;
     for (int l = 0; l < lanes; ++l)
@@ -480,7 +548,9 @@ RECCL_SHIM_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 RECCL_SHIM_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  shim::release(comm);  // every reccl wait has a deadline, so this returns
+  // An abort must not wait: reccl's state is unlinked and left allocated (its teardown would
+  // synchronise the GPU, behind whatever hung, and call NCCL on the communicator being aborted).
+  if (!shim::passthrough() && shim::config().enabled) (void)shim::dispatch().forget(comm).release();
   return RECCL_REAL(ncclCommAbort)(comm);
 }
 
@@ -488,7 +558,8 @@ RECCL_SHIM_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult
   ncclResult_t const r = RECCL_REAL(ncclCommGetAsyncError)(comm, asyncError);
   if (r != ncclSuccess || asyncError == nullptr || *asyncError != ncclSuccess) return r;
   if (shim::passthrough() || !shim::config().enabled) return r;
-  if (shim::served_comm* s = shim::dispatch().served(comm)) *asyncError = shim::backend().async_error(*s);
+  // often called from a watchdog thread: the state is reached under the dispatcher's lock
+  shim::dispatch().with_served(comm, [&](shim::served_comm& s) { *asyncError = shim::backend().async_error(s); });
   return r;
 }
 
@@ -506,8 +577,9 @@ RECCL_SHIM_EXPORT int reccl_nccl_comm_state(ncclComm* comm) {
 
 RECCL_SHIM_EXPORT unsigned long long reccl_nccl_served_calls(ncclComm* comm) {
   if (!shim::config().enabled) return 0;
-  shim::served_comm const* s = shim::dispatch().served(comm);
-  return s != nullptr ? s->served : 0;
+  unsigned long long n = 0;
+  shim::dispatch().with_served(comm, [&](shim::served_comm const& s) { n = s.served; });
+  return n;
 }
 
 RECCL_SHIM_EXPORT unsigned long long reccl_nccl_total_served_calls(void) {

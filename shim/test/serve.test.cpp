@@ -199,6 +199,9 @@ int run_case(coll c, ncclDataType_t t, ncclRedOp_t op, std::size_t count, bool i
     send[r] = src;
     std::vector<unsigned char> const bytes = pack(in[r], t);
     if (!bytes.empty()) CUDA_OK(cudaMemcpy(src, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    // the memset and the copy ran on the legacy stream, which does not order the non-blocking
+    // streams the collective runs on
+    CUDA_OK(cudaDeviceSynchronize());
   }
   std::vector<unsigned long long> before(n);
   for (int r = 0; r < n; ++r) before[r] = reccl_nccl_served_calls(w.comms[r]);
@@ -271,7 +274,7 @@ TEST_CASE("shim forwards what reccl does not compute exactly as NCCL, and NCCL's
   std::mt19937 rng(7);
   CHECK(run_case(coll::all_reduce, ncclInt8, ncclSum, 4099, false, 0, rng) == 0);
   CHECK(run_case(coll::all_reduce, ncclUint32, ncclMax, 4099, false, 0, rng) == 0);
-  CHECK(run_case(coll::all_reduce, ncclUint32, ncclSum, 4099, false, 0, rng) == the_world().n);  // wraps alike
+  CHECK(run_case(coll::all_reduce, ncclUint32, ncclSum, 4099, false, 0, rng) == the_world().n);  // served as int32
   CHECK(run_case(coll::reduce_scatter, ncclUint8, ncclMin, 1000, true, 0, rng) == 0);
 }
 
@@ -286,11 +289,14 @@ TEST_CASE("shim: a served all-reduce captured in a CUDA graph replays correctly"
   for (int r = 0; r < n; ++r) {
     CUDA_OK(cudaSetDevice(r));
     CUDA_OK(cudaMemset(b.in[r], 0, count * 4));
+    CUDA_OK(cudaDeviceSynchronize());
   }
   NCCL_OK(ncclGroupStart());
   for (int r = 0; r < n; ++r) NCCL_OK(ncclAllReduce(b.in[r], b.out[r], count, ncclFloat32, ncclSum, w.comms[r], w.streams[r]));
   NCCL_OK(ncclGroupEnd());
   w.sync();
+  std::vector<unsigned long long> before(n);
+  for (int r = 0; r < n; ++r) before[r] = reccl_nccl_served_calls(w.comms[r]);
   for (int r = 0; r < n; ++r) CUDA_OK(cudaStreamBeginCapture(w.streams[r], cudaStreamCaptureModeThreadLocal));
   NCCL_OK(ncclGroupStart());
   for (int r = 0; r < n; ++r) NCCL_OK(ncclAllReduce(b.in[r], b.out[r], count, ncclFloat32, ncclSum, w.comms[r], w.streams[r]));
@@ -298,14 +304,16 @@ TEST_CASE("shim: a served all-reduce captured in a CUDA graph replays correctly"
   for (int r = 0; r < n; ++r) {
     CUDA_OK(cudaStreamEndCapture(w.streams[r], &g[r]));
     CUDA_OK(cudaGraphInstantiate(&ge[r], g[r], nullptr, nullptr, 0));
+    CHECK(reccl_nccl_served_calls(w.comms[r]) == before[r] + 1);  // the captured call is reccl's kernel
   }
   for (int rep = 1; rep <= 5; ++rep) {
     std::vector<float> h(count);
     for (int r = 0; r < n; ++r) {
       for (std::size_t i = 0; i < count; ++i) h[i] = static_cast<float>((i * 7 + r * 3 + rep) % 11 + 1);
       CUDA_OK(cudaSetDevice(r));
-      CUDA_OK(cudaMemcpy(b.in[r], h.data(), count * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(b.out[r], 0xA5, count * 4));
+      CUDA_OK(cudaMemcpy(b.in[r], h.data(), count * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaDeviceSynchronize());  // before the replay on a non-blocking stream
     }
     for (int r = 0; r < n; ++r) {
       CUDA_OK(cudaSetDevice(r));

@@ -199,3 +199,23 @@ TEST_CASE("shim dispatch: group nesting and deferred calls are per thread") {
   d.group_end();
   CHECK(d.state_of(1) == comm_state::ready);
 }
+
+TEST_CASE_FIXTURE(fixture, "shim dispatch: with_served reaches a ready communicator's state only") {
+  int seen = -1;
+  CHECK_FALSE(d.with_served(6, [&](fake_backend::state_type& st) { seen = st.comm; }));
+  submit(6, 1);
+  CHECK(d.with_served(6, [&](fake_backend::state_type& st) { seen = st.comm; }));
+  CHECK(seen == 6);
+  d.destroy(6);
+  CHECK_FALSE(d.with_served(6, [&](fake_backend::state_type&) { seen = 0; }));
+  CHECK(seen == 6);
+}
+
+TEST_CASE_FIXTURE(fixture, "shim dispatch: forget unlinks the state without destroying it") {
+  submit(8, 1);
+  std::unique_ptr<fake_backend::state_type> kept = d.forget(8);
+  REQUIRE(kept != nullptr);
+  CHECK(kept->comm == 8);
+  CHECK(d.state_of(8) == comm_state::unknown);
+  CHECK(d.forget(8) == nullptr);
+}

@@ -155,28 +155,31 @@ class nvlink_communicator {
     std::vector<nvlink_communicator> out;
     out.reserve(comms.size());
     for (ncclComm_t c : comms) out.push_back(nvlink_communicator(c, cfg));
-    // scratch windows and device communicators: collective NCCL calls, grouped across comms
-    RECCL_NCCL_CHECK(nullptr, ncclGroupStart());
-    for (auto& c : out) {
-      c.set_device();
-      RECCL_NCCL_CHECK(c.s_->comm, ncclCommWindowRegister(c.s_->comm, c.s_->scratch, c.s_->L.total_bytes(),
-                                                          &c.s_->scratch_win, NCCL_WIN_COLL_SYMMETRIC));
+    // scratch windows and device communicators: collective NCCL calls, grouped across comms (a
+    // throw inside a group still closes it: an open group would swallow the thread's later calls)
+    {
+      detail::nccl_group group;
+      for (auto& c : out) {
+        c.set_device();
+        RECCL_NCCL_CHECK(c.s_->comm, ncclCommWindowRegister(c.s_->comm, c.s_->scratch, c.s_->L.total_bytes(),
+                                                            &c.s_->scratch_win, NCCL_WIN_COLL_SYMMETRIC));
+      }
+      group.end();
     }
-    RECCL_NCCL_CHECK(nullptr, ncclGroupEnd());
     ncclDevCommRequirements reqs = detail::empty_requirements();
-    RECCL_NCCL_CHECK(nullptr, ncclGroupStart());
-    for (auto& c : out) {
-      c.set_device();
-      ncclResult_t const r = ncclDevCommCreate(c.s_->comm, &reqs, &c.s_->devcomm);
-      if (r != ncclSuccess) {
-        ncclGroupEnd();
-        throw error(status::invalid_argument,
+    {
+      detail::nccl_group group;
+      for (auto& c : out) {
+        c.set_device();
+        ncclResult_t const r = ncclDevCommCreate(c.s_->comm, &reqs, &c.s_->devcomm);
+        if (r != ncclSuccess)
+          throw error(status::invalid_argument,
                     "ncclDevCommCreate failed (no symmetric-memory support on this communicator: all GPUs must "
                     "be CUDA-P2P connected on one node; use NCCL's own collectives instead): " +
-                        detail::nccl_message(r, c.s_->comm));
+                          detail::nccl_message(r, c.s_->comm));
       }
+      group.end();
     }
-    RECCL_NCCL_CHECK(nullptr, ncclGroupEnd());
     for (auto& c : out) c.s_->devcomm_valid = true;
     for (auto& c : out) c.finish_setup();
     // hello: launch on every GPU first (each kernel waits for the others), then collect
@@ -240,13 +243,15 @@ class nvlink_communicator {
       bufs[i].base = static_cast<char*>(p);
       bufs[i].bytes = bytes;
     }
-    RECCL_NCCL_CHECK(nullptr, ncclGroupStart());
-    for (std::size_t i = 0; i < comms.size(); ++i) {
-      comms[i]->set_device();
-      RECCL_NCCL_CHECK(comms[i]->s_->comm, ncclCommWindowRegister(comms[i]->s_->comm, bufs[i].base, bytes,
-                                                                  &bufs[i].win, NCCL_WIN_COLL_SYMMETRIC));
+    {
+      detail::nccl_group group;
+      for (std::size_t i = 0; i < comms.size(); ++i) {
+        comms[i]->set_device();
+        RECCL_NCCL_CHECK(comms[i]->s_->comm, ncclCommWindowRegister(comms[i]->s_->comm, bufs[i].base, bytes,
+                                                                    &bufs[i].win, NCCL_WIN_COLL_SYMMETRIC));
+      }
+      group.end();
     }
-    RECCL_NCCL_CHECK(nullptr, ncclGroupEnd());
     std::vector<void*> out;
     for (std::size_t i = 0; i < comms.size(); ++i) {
       comms[i]->set_device();
@@ -764,7 +769,9 @@ class nvlink_communicator {
     bool const reads_in = c != collective::broadcast || s_->rank == root;
     if ((reads_in && in == nullptr) || out == nullptr) throw error(status::invalid_argument, "null buffer pointer");
     std::size_t const es = size_of(t);
-    if ((reinterpret_cast<std::uintptr_t>(in) % es) != 0 || (reinterpret_cast<std::uintptr_t>(out) % es) != 0)
+    // reductions load whole elements; copying collectives move raw bytes (any alignment)
+    std::size_t const align = reduces(c) ? es : 1;
+    if ((reads_in && reinterpret_cast<std::uintptr_t>(in) % align != 0) || reinterpret_cast<std::uintptr_t>(out) % align != 0)
       throw error(status::invalid_argument, "buffer pointer not aligned to the element size");
     shape const sh = shape_of(c, count, t);
     std::uint64_t const seg = static_cast<std::uint64_t>(count) * es;

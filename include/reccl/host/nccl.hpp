@@ -54,6 +54,25 @@ inline int loaded_nccl_version() {
   return v;
 }
 
+/// An NCCL group that is closed on every path: end() closes it and reports NCCL's result; if a
+/// throw leaves the scope first, the destructor closes it (ignoring the result).
+class nccl_group {
+ public:
+  nccl_group() { check_nccl(ncclGroupStart(), nullptr, "ncclGroupStart()"); }
+  nccl_group(nccl_group const&) = delete;
+  nccl_group& operator=(nccl_group const&) = delete;
+  ~nccl_group() {
+    if (open_) ncclGroupEnd();
+  }
+  void end() {
+    open_ = false;
+    check_nccl(ncclGroupEnd(), nullptr, "ncclGroupEnd()");
+  }
+
+ private:
+  bool open_ = true;
+};
+
 }  // namespace reccl::detail
 
 /// Throw reccl::error with NCCL's message if `expr` fails; `comm` may be nullptr.

@@ -19,7 +19,8 @@
 //    failed, those calls go to the real NCCL inside one real group.
 //
 // Thread safety: the communicator table is shared and locked; creation runs without the lock (it
-// waits for the other ranks, which may be other threads of this process). Group nesting and the
+// waits for the other ranks, which may be other threads of this process), and publishes its result
+// under the lock. Another thread may reach a communicator's state only through with_served(). Group nesting and the
 // deferred calls are per thread, like NCCL's own group state. A communicator is used by one thread
 // at a time (NCCL's rule).
 #pragma once
@@ -134,16 +135,41 @@ class dispatcher {
     gone.reset();  // state destructors synchronise the GPU: outside the lock
   }
 
+  /// The communicator is being aborted: unlink reccl's state and hand it to the caller without
+  /// destroying it (its teardown synchronises the GPU and calls NCCL, which an abort must not
+  /// wait for; the glue leaks it).
+  std::unique_ptr<state_type> forget(comm_type c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = table_.find(c);
+    if (it == table_.end()) return nullptr;
+    std::unique_ptr<state_type> s = std::move(it->second->served);
+    table_.erase(it);
+    return s;
+  }
+
   comm_state state_of(comm_type c) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = table_.find(c);
     return it == table_.end() ? comm_state::unknown : it->second->state;
   }
-  /// The served state of a ready communicator, else nullptr.
+  /// The served state of a ready communicator, else nullptr. Only for the thread that uses the
+  /// communicator (another thread's destroy() may free it); other threads use with_served().
   state_type* served(comm_type c) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = table_.find(c);
     return it == table_.end() ? nullptr : it->second->served.get();
+  }
+  /// Calls f(state) for a ready communicator, with the table locked so that a concurrent destroy()
+  /// (which unlinks under the lock) cannot free the state meanwhile; returns whether it did. For
+  /// calls that may come from another thread than the communicator's (NCCL's async-error query
+  /// is made by watchdog threads). f must not call back into the dispatcher.
+  template <class F>
+  bool with_served(comm_type c, F&& f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = table_.find(c);
+    if (it == table_.end() || !it->second->served) return false;
+    f(*it->second->served);
+    return true;
   }
   int group_depth() { return this_thread().depth; }
 
@@ -200,6 +226,7 @@ class dispatcher {
     }
     for (std::size_t i = 0; i < cs.size(); ++i) {
       entry& e = entry_for(cs[i]);
+      std::lock_guard<std::mutex> lk(mu_);  // with_served() may read the entry from another thread
       if (why.empty()) {
         e.served = std::move(made[i]);
         e.state = comm_state::ready;
