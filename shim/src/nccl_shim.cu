@@ -129,7 +129,8 @@ struct settings {
       for (bool& b : s.serve) b = false;
       std::size_t pos = 0;
       while (pos <= colls.size()) {
-        std::size_t const end = colls.find(',', pos) == std::string::npos ? colls.size() : colls.find(',', pos);
+        std::size_t const comma = colls.find(',', pos);
+        std::size_t const end = comma == std::string::npos ? colls.size() : comma;
         std::string const name = colls.substr(pos, end - pos);
         bool found = false;
         for (int c = 0; c < 5; ++c)
@@ -154,8 +155,6 @@ struct settings {
     return alloc == allocator_choice::texcp ? "texcp" : alloc == allocator_choice::proportional ? "proportional" : "equal";
   }
 };
-
-void info(std::string const& m);
 
 std::atomic<std::uint64_t> total_served{0};
 
