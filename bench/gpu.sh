@@ -39,6 +39,7 @@ T_MP=$BUILD/reccl.test.device.multiprocess
 T_AD=$BUILD/reccl.test.device.adaptive
 ADB=$BUILD/reccl_adaptive_bench
 T_CE=$BUILD/reccl.test.device.copy_engine
+T_PC=$BUILD/reccl.test.device.proxy_collectives
 PXC=$BUILD/reccl_proxy_cost
 SHIM_SO=$BUILD/cmake/shim/libreccl_nccl.so
 T_SHIM=$BUILD/cmake/shim/reccl.test.shim.serve
@@ -46,6 +47,7 @@ if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
   B=$(cd "$RECCL_GPU_BIN" && pwd)
   PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
   T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench T_CE=$B/reccl.test.device.copy_engine PXC=$B/reccl_proxy_cost
+  T_PC=$B/reccl.test.device.proxy_collectives
   SHIM_SO=$B/libreccl_nccl.so T_SHIM=$B/reccl.test.shim.serve
   NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$B/nccl-tests}
   # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
@@ -62,7 +64,7 @@ if has build; then
       -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
       cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
         reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench reccl.test.device.copy_engine \
-        reccl_proxy_cost reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
+        reccl.test.device.proxy_collectives reccl_proxy_cost reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]]; then
       PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
@@ -71,6 +73,7 @@ if has build; then
       T_AD=$(find "$BUILD/cmake" -name reccl.test.device.adaptive -type f | head -1)
       ADB=$(find "$BUILD/cmake" -name reccl_adaptive_bench -type f | head -1)
       T_CE=$(find "$BUILD/cmake" -name reccl.test.device.copy_engine -type f | head -1)
+      T_PC=$(find "$BUILD/cmake" -name reccl.test.device.proxy_collectives -type f | head -1)
       PXC=$(find "$BUILD/cmake" -name reccl_proxy_cost -type f | head -1)
     else
       log "cmake build failed (see cmake.log), falling back to nvcc"; tail -20 "$OUT/cmake.log"
@@ -98,6 +101,7 @@ if has build; then
     nvcc "${FLAGS[@]}" bench/adaptive/adaptive_bench.cu -o "$ADB" -lnccl >"$OUT/build_adb.log" 2>&1 &
     p5=$!
     nvcc "${FLAGS[@]}" tests/device/copy_engine.test.cu -o "$T_CE" >"$OUT/build_ce.log" 2>&1 &&
+      nvcc "${FLAGS[@]}" tests/device/proxy_collectives.test.cu -o "$T_PC" -lnccl >>"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" bench/proxy/proxy_cost.cu -o "$PXC" >>"$OUT/build_ce.log" 2>&1 &
     p6=$!
     rc=0
@@ -195,8 +199,16 @@ if has proxy; then
   timeout 300 "$T_CE" >"$OUT/test_copy_engine.log" 2>&1
   rc=$?; SUMMARY+=("test copy engine: rc=$rc  $(grep -E 'test cases:' "$OUT/test_copy_engine.log" | tail -1)")
   grep -E "ERROR|FAILED|MESSAGE" "$OUT/test_copy_engine.log" | head -10
+  log "collectives over the copy-engine proxy"
+  timeout 600 "$T_PC" >"$OUT/test_proxy_collectives.log" 2>&1
+  rc=$?; SUMMARY+=("test proxy collectives: rc=$rc  $(grep -E 'test cases:' "$OUT/test_proxy_collectives.log" | tail -1)")
+  grep -E "ERROR|FAILED|MESSAGE|cases," "$OUT/test_proxy_collectives.log" | head -30
   timeout 300 "$PXC" -J "$OUT/proxy_cost.json" >"$OUT/proxy_cost.txt" 2>&1
   rc=$?; SUMMARY+=("proxy cost: rc=$rc")
+  # a flood twice the queue's capacity: the producer must wait for room (a stall seen before the
+  # producer cache); bounded by its own push timeout
+  timeout 120 "$PXC" --posts 8192 --reps 1 --iters 100 -J "$OUT/proxy_cost_flood.json" >"$OUT/proxy_cost_flood.txt" 2>&1
+  rc=$?; SUMMARY+=("proxy cost, flood of 8192: rc=$rc  $(grep -E 'signals posted|failed' "$OUT/proxy_cost_flood.txt" | head -1)")
 fi
 
 if has shim; then

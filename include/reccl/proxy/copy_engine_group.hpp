@@ -37,6 +37,7 @@ struct copy_engine_config {
   std::int32_t nranks = 2;
   std::int32_t n_vts = 1;
   std::uint64_t area_bytes = 1u << 20;    ///< one receive or send area (window_layout)
+  std::uint64_t symmetric_bytes = 0;      ///< the window's symmetric region (collectives' buffers)
   std::uint32_t queue_capacity = 1024;    ///< requests per VT queue (a power of two)
   std::vector<int> devices;               ///< GPU of each rank; empty: every rank on the current GPU
   proxy_config proxy{};
@@ -45,7 +46,7 @@ struct copy_engine_config {
 
 class copy_engine_group {
  public:
-  explicit copy_engine_group(copy_engine_config cfg) : cfg_(std::move(cfg)), layout_{cfg_.nranks, cfg_.n_vts, cfg_.area_bytes} {
+  explicit copy_engine_group(copy_engine_config cfg) : cfg_(std::move(cfg)), layout_{cfg_.nranks, cfg_.n_vts, cfg_.area_bytes, cfg_.symmetric_bytes} {
     if (!layout_.valid() || cfg_.area_bytes == 0 || cfg_.queue_capacity == 0 || (cfg_.queue_capacity & (cfg_.queue_capacity - 1)) != 0)
       throw reccl::error(status::invalid_argument, "copy_engine_group: bad ranks, VTs, area or queue capacity");
     int cur = 0;
@@ -126,6 +127,9 @@ class copy_engine_group {
   int nranks() const { return cfg_.nranks; }
   window_layout const& layout() const { return layout_; }
   device_memory const& memory(int rank) const { return mem_.at(static_cast<std::size_t>(rank)); }
+  /// Rank `rank`'s symmetric region (layout().symmetric_bytes bytes of device memory on its GPU):
+  /// buffers placed at the same offset on every rank are what the proxy collectives move.
+  std::byte* symmetric(int rank) const { return memory(rank).window + layout_.symmetric_offset(); }
   /// What rank `rank`'s kernels hold (trivially copyable; pass it by value).
   transport::proxy::handle handle(int rank) const {
     rank_state const& s = ranks_.at(static_cast<std::size_t>(rank));

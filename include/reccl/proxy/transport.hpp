@@ -2,15 +2,18 @@
 // requests on a per-VT queue, and waits on flag words the proxy (or a peer's proxy) raises.
 //
 //   rank r's window (registered once; the same layout on every rank)
-//   ┌───────────────────────────────────────────┬───────────────────────────────────────────┐
-//   │ receive areas [vt][src]  (peers put here) │ send areas [vt][dst]  (peers get from here)│
-//   └───────────────────────────────────────────┴───────────────────────────────────────────┘
+//   ┌─────────────────────────────────┬─────────────────────────────────┬──────────────────────┐
+//   │ receive areas [vt][src]         │ send areas [vt][dst]            │ symmetric region     │
+//   │ (peers put here)                │ (peers get from here)           │ (collectives' I/O)   │
+//   └─────────────────────────────────┴─────────────────────────────────┴──────────────────────┘
 //   rank r's flags [vt][src][flag]  (signals land here; wait() polls them)
 //
 //   handle.put(vt, peer, off, src, n)  ─▶ queues[vt].push(put{src - window, peer,
 //                                                            recv_offset(vt, r) + off, n})
 //   handle.signal(vt, peer, f, v)      ─▶ queues[vt].push(signal{peer, flag_index(vt, r, f), v})
 //   handle.wait(vt, peer, f, v, dl)    ─▶ poll flags[flag_index(vt, peer, f)] >= v until dl
+//   handle.put_symmetric(vt, peer, d, s, n) ─▶ queues[vt].push(put{s - window, peer, d - window, n})
+//                                       (d in my symmetric region: the same offset on peer)
 //
 // Differences from a load/store transport, all documented on the members:
 //  - put is asynchronous: `src` must lie in this rank's window (stage data in a send area), and its
@@ -39,6 +42,7 @@ struct window_layout {
   std::int32_t nranks = 1;
   std::int32_t n_vts = 1;
   std::uint64_t area_bytes = 0;  ///< bytes of one receive or send area
+  std::uint64_t symmetric_bytes = 0;  ///< bytes of the symmetric region (after the areas)
 
   /// Offset of my receive area for (vt, src): where src's puts land.
   RECCL_HOST_DEVICE std::uint64_t recv_offset(int vt, int src) const {
@@ -48,9 +52,11 @@ struct window_layout {
   RECCL_HOST_DEVICE std::uint64_t send_offset(int vt, int dst) const {
     return (static_cast<std::uint64_t>(n_vts + vt) * static_cast<std::uint64_t>(nranks) + static_cast<std::uint64_t>(dst)) * area_bytes;
   }
-  RECCL_HOST_DEVICE std::uint64_t window_bytes() const {
+  /// Offset of the symmetric region: buffers every rank holds at the same offset.
+  RECCL_HOST_DEVICE std::uint64_t symmetric_offset() const {
     return 2 * static_cast<std::uint64_t>(n_vts) * static_cast<std::uint64_t>(nranks) * area_bytes;
   }
+  RECCL_HOST_DEVICE std::uint64_t window_bytes() const { return symmetric_offset() + symmetric_bytes; }
   /// Index of my flag f from (vt, src).
   RECCL_HOST_DEVICE std::uint32_t flag_index(int vt, int src, flag f) const {
     return (static_cast<std::uint32_t>(vt) * static_cast<std::uint32_t>(nranks) + static_cast<std::uint32_t>(src)) * 2u +
@@ -103,6 +109,24 @@ struct proxy {
       if (!check(vt, peer, offset, src, bytes, src_off)) return;
       queues[vt].push(reccl::proxy::make_put_with_signal(peer, src_off, layout.recv_offset(vt, rank) + offset, bytes,
                                                          layout.flag_index(vt, rank, f), value),
+                      reccl::proxy::clock_ns() + push_timeout_ns);
+    }
+
+    /// Queues a copy of `bytes` at `src` (inside my window) to peer's window at the offset that
+    /// `dst` has in mine (`dst` inside my symmetric region: every rank holds its buffers there at
+    /// the same offsets); peer == rank is a local copy. Asynchronous like put(). A range outside
+    /// the window or the symmetric region fails the VT's queue with status::invalid_argument.
+    RECCL_HOST_DEVICE void put_symmetric(int vt, int peer, void const* dst, void const* src, std::size_t bytes) const {
+      std::uint64_t d = 0, s = 0;
+      if (!check_symmetric(vt, peer, dst, src, bytes, d, s)) return;
+      queues[vt].push(reccl::proxy::make_put(peer, s, d, bytes), reccl::proxy::clock_ns() + push_timeout_ns);
+    }
+    /// put_symmetric then signal(vt, peer, f, value) as one request.
+    RECCL_HOST_DEVICE void put_symmetric_with_signal(int vt, int peer, void const* dst, void const* src, std::size_t bytes,
+                                                     flag f, std::uint64_t value) const {
+      std::uint64_t d = 0, s = 0;
+      if (!check_symmetric(vt, peer, dst, src, bytes, d, s)) return;
+      queues[vt].push(reccl::proxy::make_put_with_signal(peer, s, d, bytes, layout.flag_index(vt, rank, f), value),
                       reccl::proxy::clock_ns() + push_timeout_ns);
     }
 
@@ -184,6 +208,24 @@ struct proxy {
         return false;
       }
       window_off = static_cast<std::uint64_t>(a - w);
+      return true;
+    }
+    // Validates (vt, peer), that [src, src + bytes) lies in my window and [dst, dst + bytes) in my
+    // symmetric region; on failure fails the VT's queue and returns false.
+    RECCL_HOST_DEVICE bool check_symmetric(int vt, int peer, void const* dst, void const* src, std::size_t bytes,
+                                           std::uint64_t& dst_off, std::uint64_t& src_off) const {
+      if (vt < 0 || vt >= layout.n_vts) return false;
+      auto const d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
+      auto const w = reinterpret_cast<std::uintptr_t>(window);
+      std::uint64_t const lo = layout.symmetric_offset(), wb = layout.window_bytes();
+      bool const ok = peer >= 0 && peer < layout.nranks && d >= w && d - w >= lo && d - w <= wb && bytes <= wb - (d - w) &&
+                      s >= w && s - w <= wb && bytes <= wb - (s - w);
+      if (!ok) {
+        queues[vt].fail(status::invalid_argument);
+        return false;
+      }
+      dst_off = static_cast<std::uint64_t>(d - w);
+      src_off = static_cast<std::uint64_t>(s - w);
       return true;
     }
   };

@@ -1,0 +1,451 @@
+// reccl/proxy/collective.hpp -- the five collectives over the proxy transport: one CTA per VT whose
+// thread 0 posts puts and signals and waits for the peers' signals; the copy engines (or the NIC)
+// move every byte, and SMs only reduce.
+//
+// Buffers live in the window's symmetric region, at the same offset on every rank (copy
+// collectives write straight into the peers' outputs, reductions stage through the receive areas).
+// Each VT owns one contiguous block of every segment (equal split in 16-byte packs).
+//
+//   all-gather, all-to-all, broadcast (3 steps per VT)
+//     step b  barrier: signal ready b+1 to every peer, wait for theirs (their outputs are free)
+//     step d  put my block straight into each destination's output (peer == me: a local copy),
+//             each put followed by ready d+1; wait for ready d+1 from every source
+//     end     flush: my puts have read their sources, the caller may reuse the input
+//   reduce-scatter (K rounds per VT), all-reduce (K rounds, then one step)
+//     round k (slot = global round % slots of my receive area for each peer)
+//             wait for the peer's credit for the round that last used the slot, put the peer's
+//             chunk of my input into its slot with ready; wait for every peer's chunk, reduce in
+//             rank order (fp32 accumulation of 16-bit floats, as the NVLink path), credit each peer
+//     all-reduce: put my reduced block into every peer's output with ready, wait for theirs
+//
+// The step and round counters advance alike on every rank (they depend only on the arguments all
+// ranks pass), live in device memory, and carry over from one collective to the next: a kernel
+// replayed in a CUDA graph continues them. Memory order: SM writes (the reduction) are made
+// visible to the copy engines by a system-scope fence before the put that reads them; a wait that
+// returns ok acquires the bytes of every put the peer queued before its signal.
+//
+// Faults: every wait has the collective's deadline; the first failed wait or queue error of a rank
+// is recorded (status, VT, peer, step) and that VT's CTA stops. The rank's counters are then out of
+// step with its peers: the group must be rebuilt before the next collective.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../config.hpp"
+#include "../device/element.hpp"
+#include "../device/primitives.hpp"
+#include "../error.hpp"
+#include "../host/error.hpp"
+#include "../types.hpp"
+#include "copy_engine_group.hpp"
+#include "transport.hpp"
+
+namespace reccl::proxy {
+
+/// One rank's persistent collective state (device memory).
+struct collective_state {
+  std::uint64_t ready_step[max_vts];    ///< ready values used so far, per VT
+  std::uint64_t credit_round[max_vts];  ///< reduce rounds so far (each uses one receive slot), per VT
+  std::uint64_t stalls[max_vts];        ///< unsuccessful polls of this rank's waits, per VT, all collectives
+  std::uint32_t fault_status;           ///< first fault's reccl::status (0: none)
+  std::int32_t fault_vt;
+  std::int32_t fault_peer;
+  std::uint32_t pad;
+  std::uint64_t fault_step;             ///< ready step (or round) the failed wait was for
+};
+
+/// Arguments of one collective, the same on every rank (except the buffers' addresses, which are
+/// each rank's own; their offsets in the symmetric region are the same).
+struct collective_args {
+  collective coll = collective::all_reduce;
+  dtype type = dtype::float32;
+  redop op = redop::sum;
+  std::uint64_t count = 0;   ///< NCCL's meaning: all-gather's send count, reduce-scatter's receive count, ...
+  void const* in = nullptr;  ///< in my symmetric region
+  void* out = nullptr;       ///< in my symmetric region
+  std::int32_t root = 0;     ///< broadcast
+  std::uint64_t timeout_ns = 10'000'000'000ull;  ///< deadline of every wait, from the kernel's start
+  std::uint32_t slots = 0;   ///< set by proxy_collectives (its slot count; the same for every call)
+};
+
+namespace detail {
+
+RECCL_HOST_DEVICE constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+/// Elements of each rank's segment for the VT split (all-reduce: the padded block).
+RECCL_HOST_DEVICE std::uint64_t segment_elems(collective c, std::uint64_t count, int n, int pack) {
+  if (c != collective::all_reduce) return count;
+  return ceil_div(ceil_div(count, static_cast<std::uint64_t>(n)), static_cast<std::uint64_t>(pack)) * static_cast<std::uint64_t>(pack);
+}
+/// VT vt's range [lo, hi) of a segment of `seg` elements: an equal split in packs.
+RECCL_HOST_DEVICE void vt_range(std::uint64_t seg, int pack, int vt, int n_vts, std::uint64_t& lo, std::uint64_t& hi) {
+  std::uint64_t const packs = ceil_div(seg, static_cast<std::uint64_t>(pack));
+  std::uint64_t const q = packs / static_cast<std::uint64_t>(n_vts), r = packs % static_cast<std::uint64_t>(n_vts);
+  std::uint64_t const v = static_cast<std::uint64_t>(vt);
+  std::uint64_t const first = v * q + (v < r ? v : r), np = q + (v < r ? 1 : 0);
+  lo = first * static_cast<std::uint64_t>(pack);
+  hi = (first + np) * static_cast<std::uint64_t>(pack);
+  if (lo > seg) lo = seg;
+  if (hi > seg) hi = seg;
+}
+/// Elements of slot capacity (a multiple of the pack).
+RECCL_HOST_DEVICE std::uint64_t slot_elems(std::uint64_t area_bytes, std::uint32_t slots, std::uint64_t es, int pack) {
+  std::uint64_t const e = area_bytes / slots / es;
+  return e / static_cast<std::uint64_t>(pack) * static_cast<std::uint64_t>(pack);
+}
+
+#if defined(__CUDACC__)
+
+struct cta_control {
+  int abort;
+  char const* src[max_ranks];
+};
+
+// Thread 0: records the first fault of this rank and tells the CTA to stop.
+__device__ inline void record_fault(collective_state* st, cta_control& cc, status s, int vt, int peer, std::uint64_t step) {
+  if (atomicCAS(&st->fault_status, 0u, static_cast<std::uint32_t>(s)) == 0u) {
+    st->fault_vt = vt;
+    st->fault_peer = peer;
+    st->fault_step = step;
+  }
+  cc.abort = 1;
+}
+
+// Thread 0: one wait, with the fault recorded. false: stop.
+__device__ inline bool wait_for(transport::proxy::handle const& h, collective_state* st, cta_control& cc, int vt, int peer, flag f,
+                                std::uint64_t v, std::uint64_t dl, std::uint64_t& spins) {
+  wait_result const w = h.wait(vt, peer, f, v, dl);
+  spins += w.spins;
+  if (w.st == status::ok) return true;
+  record_fault(st, cc, w.st, vt, peer, v);
+  return false;
+}
+
+// All threads: dst[0, n) = reduction, in rank order, of src[0..nranks)[0, n). Sources and dst may
+// be unaligned (element loads then).
+template <class T>
+__device__ void reduce_block(redop op, int nranks, char const* const* src, char* dst, std::uint64_t n) {
+  constexpr int V = device::pack_elems<T>;
+  bool vec = (reinterpret_cast<std::uintptr_t>(dst) & 15u) == 0;
+  for (int r = 0; r < nranks; ++r) vec = vec && (reinterpret_cast<std::uintptr_t>(src[r]) & 15u) == 0;
+  device::elem_range const range{0, n};
+  std::uint64_t const packs = ceil_div(n, V);
+  for (std::uint64_t j = threadIdx.x; j < packs; j += blockDim.x) {
+    device::acc_pack<T> a = device::to_acc<T>(device::load_user<T>(src[0], j, range, vec));
+    for (int r = 1; r < nranks; ++r) device::combine_into<T>(op, a, device::load_user<T>(src[r], j, range, vec));
+    device::store_user<T>(dst, j, range, vec, device::from_acc<T>(op, a, nranks));
+  }
+}
+
+// The reduce rounds of reduce-scatter and of all-reduce's first phase, for VT vt. Segment p of the
+// input starts at element in_seg * p; my reduced segment goes to `out_mine`. seg_len(p) clips the
+// shared VT grid to segment p's length (all-reduce's last segments may be shorter).
+template <class T>
+__device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args const& a, collective_state* st, cta_control& cc,
+                              int vt, std::uint64_t seg, std::uint64_t in_seg, char* out_mine, std::uint64_t ready0,
+                              std::uint64_t round0, std::uint64_t dl, std::uint64_t& spins, std::uint64_t& rounds) {
+  constexpr int V = device::pack_elems<T>;
+  constexpr std::uint64_t es = sizeof(T);
+  int const me = h.rank, n = h.layout.nranks;
+  std::uint64_t lo = 0, hi = 0;
+  vt_range(seg, V, vt, h.layout.n_vts, lo, hi);
+  std::uint64_t const S = slot_elems(h.layout.area_bytes, a.slots, es, V);
+  std::uint64_t const slot_bytes = h.layout.area_bytes / a.slots;
+  rounds = hi > lo ? ceil_div(hi - lo, S) : 0;
+  auto len = [&](int p) -> std::uint64_t {
+    if (a.coll != collective::all_reduce) return a.count;
+    std::uint64_t const b = static_cast<std::uint64_t>(p) * seg;
+    return a.count > b ? (a.count - b < seg ? a.count - b : seg) : 0;
+  };
+  auto const* in = static_cast<char const*>(a.in);
+  for (std::uint64_t k = 0; k < rounds; ++k) {
+    std::uint64_t const c_lo = lo + k * S, c_hi = c_lo + S < hi ? c_lo + S : hi;
+    std::uint64_t const g = round0 + k, slot = g % a.slots, val = ready0 + k + 1;
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < n && !cc.abort; ++p) {
+        if (p == me || g < a.slots) continue;
+        wait_for(h, st, cc, vt, p, flag::credit, g - a.slots + 1, dl, spins);  // slot free at p
+      }
+      for (int p = 0; p < n && !cc.abort; ++p) {
+        if (p == me) continue;
+        std::uint64_t const L = len(p), plo = c_lo < L ? c_lo : L, phi = c_hi < L ? c_hi : L;
+        if (phi > plo)
+          h.put_with_signal(vt, p, slot * slot_bytes, in + (in_seg * static_cast<std::uint64_t>(p) + plo) * es, (phi - plo) * es,
+                            flag::ready, val);
+        else
+          h.signal(vt, p, flag::ready, val);
+      }
+      for (int p = 0; p < n && !cc.abort; ++p) {
+        if (p == me) continue;
+        wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins);
+        cc.src[p] = reinterpret_cast<char const*>(h.recv_area(vt, p)) + slot * slot_bytes;
+      }
+      std::uint64_t const L = len(me), plo = c_lo < L ? c_lo : L;
+      cc.src[me] = in + (in_seg * static_cast<std::uint64_t>(me) + plo) * es;
+    }
+    __syncthreads();
+    if (cc.abort) return false;
+    std::uint64_t const L = len(me), plo = c_lo < L ? c_lo : L, phi = c_hi < L ? c_hi : L;
+    if (phi > plo) reduce_block<T>(a.op, n, cc.src, out_mine + plo * es, phi - plo);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();  // the reduction's reads of the slots are done before the peers refill them
+      for (int p = 0; p < n; ++p)
+        if (p != me) h.signal(vt, p, flag::credit, g + 1);
+    }
+  }
+  return true;
+}
+
+template <class T>
+__global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handle h, collective_args a, collective_state* st) {
+  __shared__ cta_control cc;
+  int const vt = static_cast<int>(blockIdx.x);
+  int const me = h.rank, n = h.layout.nranks;
+  if (threadIdx.x == 0) cc.abort = 0;
+  __syncthreads();
+  std::uint64_t const dl = reccl::proxy::clock_ns() + a.timeout_ns;
+  std::uint64_t spins = 0, steps = 0, rounds = 0;
+  std::uint64_t const ready0 = st->ready_step[vt], round0 = st->credit_round[vt];
+  bool ok = true;
+
+  if constexpr (!std::is_same_v<T, device::raw_byte>) {
+    // reductions
+    constexpr int V = device::pack_elems<T>;
+    constexpr std::uint64_t es = sizeof(T);
+    std::uint64_t const seg = segment_elems(a.coll, a.count, n, V);
+    char* out = static_cast<char*>(a.out);
+    char* out_mine = a.coll == collective::all_reduce ? out + static_cast<std::uint64_t>(me) * seg * es : out;
+    std::uint64_t const in_seg = a.coll == collective::all_reduce ? seg : a.count;
+    ok = reduce_rounds<T>(h, a, st, cc, vt, seg, in_seg, out_mine, ready0, round0, dl, spins, rounds);
+    steps = rounds;
+    if (ok && a.coll == collective::all_reduce) {
+      // my reduced VT block into every peer's output
+      std::uint64_t lo = 0, hi = 0;
+      vt_range(seg, V, vt, h.layout.n_vts, lo, hi);
+      std::uint64_t const b = static_cast<std::uint64_t>(me) * seg;
+      std::uint64_t const L = a.count > b ? (a.count - b < seg ? a.count - b : seg) : 0;
+      std::uint64_t const plo = lo < L ? lo : L, phi = hi < L ? hi : L;
+      std::uint64_t const val = ready0 + rounds + 1;
+      if (threadIdx.x == 0) {
+        __threadfence_system();  // the CTA's reduced bytes are visible to the copy engines
+        char const* p0 = out_mine + plo * es;
+        for (int p = 0; p < n; ++p) {
+          if (p == me) continue;
+          if (phi > plo) h.put_symmetric_with_signal(vt, p, p0, p0, (phi - plo) * es, flag::ready, val);
+          else h.signal(vt, p, flag::ready, val);
+        }
+        for (int p = 0; p < n && !cc.abort; ++p)
+          if (p != me) wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins);
+      }
+      steps = rounds + 1;
+    }
+  } else {
+    // copies: in bytes; a.count is the segment's byte count here
+    std::uint64_t lo = 0, hi = 0;
+    vt_range(a.count, 16, vt, h.layout.n_vts, lo, hi);
+    std::uint64_t const nb = hi - lo;
+    auto const* in = static_cast<char const*>(a.in);
+    char* out = static_cast<char*>(a.out);
+    std::uint64_t const bar = ready0 + 1, val = ready0 + 2;
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < n; ++p)
+        if (p != me) h.signal(vt, p, flag::ready, bar);
+      for (int p = 0; p < n && !cc.abort; ++p)
+        if (p != me) wait_for(h, st, cc, vt, p, flag::ready, bar, dl, spins);
+      if (!cc.abort) {
+        auto put = [&](int p, char const* dst, char const* src) {
+          if (nb > 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val);
+          else h.signal(vt, p, flag::ready, val);
+        };
+        std::uint64_t const mine = static_cast<std::uint64_t>(me) * a.count;
+        bool self = true;  // whether I wait for a signal of my own
+        if (a.coll == collective::all_gather) {
+          self = in + lo != out + mine + lo;
+          for (int p = 0; p < n; ++p)
+            if (p != me || self) put(p, out + mine + lo, in + lo);
+        } else if (a.coll == collective::all_to_all) {
+          for (int p = 0; p < n; ++p) put(p, out + mine + lo, in + static_cast<std::uint64_t>(p) * a.count + lo);
+        } else if (me == a.root) {  // broadcast
+          self = in != out;
+          for (int p = 0; p < n; ++p)
+            if (p != me || self) put(p, out + lo, in + lo);
+        }
+        if (a.coll == collective::broadcast) {
+          if (me != a.root) wait_for(h, st, cc, vt, a.root, flag::ready, val, dl, spins);
+          else if (self) wait_for(h, st, cc, vt, me, flag::ready, val, dl, spins);
+        } else {
+          for (int p = 0; p < n && !cc.abort; ++p)
+            if (p != me || self) wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins);
+        }
+      }
+    }
+    steps = 2;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (ok && !cc.abort) {
+    // my puts have read their sources (the caller may reuse the input; an all-reduce's output,
+    // read by my last puts, may be overwritten)
+    reccl::proxy::push_result const f = h.flush(vt, dl);
+    if (f.st != status::ok) record_fault(st, cc, f.st, vt, me, ready0 + steps);
+  }
+  st->stalls[vt] += spins;
+  if (!cc.abort) {
+    st->ready_step[vt] = ready0 + steps;
+    st->credit_round[vt] = round0 + rounds;
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace detail
+
+#if defined(__CUDACC__)
+
+/// The five collectives on a copy_engine_group: per-rank state, argument checks, launches.
+/// Launch on every rank (each on its own stream; on one GPU, loopback ranks run concurrently);
+/// stream-ordered and capturable. Not thread-safe per rank.
+class proxy_collectives {
+ public:
+  /// CTAs of one rank's launch: one per VT. Threads per CTA (they reduce).
+  static constexpr int threads = 512;
+
+  /// `slots`: reduce rounds in flight per peer; each receive area is cut into that many slots.
+  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4) : g_(g), slots_(slots) {
+    if (slots_ == 0 || detail::slot_elems(g.layout().area_bytes, slots_, 8, 2) == 0)
+      throw reccl::error(status::invalid_argument, "proxy_collectives: the receive area holds less than 16 bytes per slot");
+    int cur = 0;
+    RECCL_CUDA_CHECK(cudaGetDevice(&cur));
+    state_.resize(static_cast<std::size_t>(g.nranks()), nullptr);
+    for (int r = 0; r < g.nranks(); ++r) {
+      RECCL_CUDA_CHECK(cudaSetDevice(g.memory(r).device));
+      RECCL_CUDA_CHECK(cudaMalloc(&state_[static_cast<std::size_t>(r)], sizeof(collective_state)));
+      RECCL_CUDA_CHECK(cudaMemset(state_[static_cast<std::size_t>(r)], 0, sizeof(collective_state)));
+    }
+    RECCL_CUDA_CHECK(cudaSetDevice(cur));
+  }
+  proxy_collectives(proxy_collectives const&) = delete;
+  proxy_collectives& operator=(proxy_collectives const&) = delete;
+  ~proxy_collectives() {
+    for (auto* s : state_)
+      if (s) cudaFree(s);
+  }
+
+  /// Checks `a` for rank `rank` and launches its kernel on `stream` (on the rank's GPU). Throws
+  /// reccl::error (invalid_argument) for buffers outside the symmetric region or misaligned, an
+  /// in-place all-to-all, a bad root or op; nothing is launched then. count == 0 launches nothing.
+  /// Every rank must pass the same coll, type, op, count and root, and buffers at the same offsets
+  /// of their symmetric regions (the puts land at the sender's offsets).
+  void launch(int rank, collective_args a, cudaStream_t stream) {
+    validate(rank, a);
+    a.slots = slots_;
+    if (a.count == 0 || g_.layout().nranks == 0) return;
+    int cur = 0;
+    RECCL_CUDA_CHECK(cudaGetDevice(&cur));
+    RECCL_CUDA_CHECK(cudaSetDevice(g_.memory(rank).device));
+    transport::proxy::handle const h = g_.handle(rank);
+    dim3 const grid(static_cast<unsigned>(g_.layout().n_vts));
+    collective_state* st = state_[static_cast<std::size_t>(rank)];
+    bool const reduce = a.coll == collective::all_reduce || a.coll == collective::reduce_scatter;
+    if (!reduce) {
+      collective_args b = a;
+      b.count = a.count * size_of(a.type);  // copies run in bytes
+      detail::collective_kernel<device::raw_byte><<<grid, threads, 0, stream>>>(h, b, st);
+    } else {
+      switch (a.type) {
+        case dtype::int32: detail::collective_kernel<std::int32_t><<<grid, threads, 0, stream>>>(h, a, st); break;
+        case dtype::int64: detail::collective_kernel<std::int64_t><<<grid, threads, 0, stream>>>(h, a, st); break;
+        case dtype::float16: detail::collective_kernel<__half><<<grid, threads, 0, stream>>>(h, a, st); break;
+        case dtype::bfloat16: detail::collective_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(h, a, st); break;
+        case dtype::float32: detail::collective_kernel<float><<<grid, threads, 0, stream>>>(h, a, st); break;
+        case dtype::float64: detail::collective_kernel<double><<<grid, threads, 0, stream>>>(h, a, st); break;
+      }
+    }
+    cudaError_t const e = cudaGetLastError();
+    RECCL_CUDA_CHECK(cudaSetDevice(cur));
+    RECCL_CUDA_CHECK(e);
+  }
+
+  /// Rank `rank`'s state (synchronous copy: call after its stream finished).
+  collective_state state(int rank) const {
+    collective_state s{};
+    int cur = 0;
+    RECCL_CUDA_CHECK(cudaGetDevice(&cur));
+    RECCL_CUDA_CHECK(cudaSetDevice(g_.memory(rank).device));
+    RECCL_CUDA_CHECK(cudaMemcpy(&s, state_.at(static_cast<std::size_t>(rank)), sizeof s, cudaMemcpyDeviceToHost));
+    RECCL_CUDA_CHECK(cudaSetDevice(cur));
+    return s;
+  }
+  /// ok, or the first fault of any rank as an error naming the rank, VT and peer.
+  status check(std::string* message = nullptr) const {
+    for (int r = 0; r < g_.nranks(); ++r) {
+      collective_state const s = state(r);
+      if (s.fault_status != 0) {
+        if (message)
+          *message = "rank " + std::to_string(r) + " VT " + std::to_string(s.fault_vt) + ": " +
+                     std::string(name(static_cast<status>(s.fault_status))) + " waiting for rank " + std::to_string(s.fault_peer) +
+                     " (step " + std::to_string(s.fault_step) + ")";
+        return static_cast<status>(s.fault_status);
+      }
+    }
+    if (g_.error() != status::ok) {
+      if (message) *message = g_.error_message();
+      return g_.error();
+    }
+    return status::ok;
+  }
+
+  /// Bytes one output of `a` spans on a rank (for allocating buffers in the symmetric region).
+  static std::uint64_t out_bytes(collective_args const& a, int nranks) {
+    std::uint64_t const b = a.count * size_of(a.type);
+    return a.coll == collective::all_gather || a.coll == collective::all_to_all ? b * static_cast<std::uint64_t>(nranks) : b;
+  }
+  static std::uint64_t in_bytes(collective_args const& a, int nranks) {
+    std::uint64_t const b = a.count * size_of(a.type);
+    return a.coll == collective::reduce_scatter || a.coll == collective::all_to_all ? b * static_cast<std::uint64_t>(nranks) : b;
+  }
+
+ private:
+  void validate(int rank, collective_args const& a) const {
+    auto bad = [](std::string const& m) { throw reccl::error(status::invalid_argument, "proxy collective: " + m); };
+    window_layout const& L = g_.layout();
+    if (rank < 0 || rank >= L.nranks) bad("rank out of range");
+    if (a.coll == collective::broadcast && (a.root < 0 || a.root >= L.nranks)) bad("root out of range");
+    if (a.count == 0) return;
+    auto const base = reinterpret_cast<std::uintptr_t>(g_.symmetric(rank));
+    std::uint64_t const es = size_of(a.type);
+    auto inside = [&](void const* p, std::uint64_t bytes) {
+      auto const x = reinterpret_cast<std::uintptr_t>(p);
+      return p != nullptr && x >= base && x - base <= L.symmetric_bytes && bytes <= L.symmetric_bytes - (x - base);
+    };
+    std::uint64_t const ib = in_bytes(a, L.nranks), ob = out_bytes(a, L.nranks);
+    bool const reads_in = a.coll != collective::broadcast || rank == a.root;
+    if (reads_in && !inside(a.in, ib)) bad("input not inside this rank's symmetric region (null, unregistered or too short)");
+    if (!inside(a.out, ob)) bad("output not inside this rank's symmetric region (null, unregistered or too short)");
+    if ((reads_in && reinterpret_cast<std::uintptr_t>(a.in) % es != 0) || reinterpret_cast<std::uintptr_t>(a.out) % es != 0)
+      bad("buffer not aligned to its element size");
+    if (a.coll == collective::all_to_all) {
+      auto const i = reinterpret_cast<std::uintptr_t>(a.in), o = reinterpret_cast<std::uintptr_t>(a.out);
+      if (i < o + ob && o < i + ib) bad("all-to-all input and output overlap (in-place all-to-all is not supported)");
+    }
+    if (a.coll == collective::reduce_scatter && a.in != a.out) {
+      auto const i = reinterpret_cast<std::uintptr_t>(a.in), o = reinterpret_cast<std::uintptr_t>(a.out);
+      if (o != i + static_cast<std::uint64_t>(rank) * a.count * es && i < o + ob && o < i + ib)
+        bad("reduce-scatter output overlaps the input other than at this rank's segment");
+    }
+    if (static_cast<int>(a.op) > static_cast<int>(redop::avg)) bad("unknown op");
+  }
+
+  copy_engine_group& g_;
+  std::uint32_t slots_;
+  std::vector<collective_state*> state_;
+};
+
+#endif  // __CUDACC__
+
+}  // namespace reccl::proxy
