@@ -40,6 +40,7 @@ T_AD=$BUILD/reccl.test.device.adaptive
 ADB=$BUILD/reccl_adaptive_bench
 T_CE=$BUILD/reccl.test.device.copy_engine
 T_PC=$BUILD/reccl.test.device.proxy_collectives
+PXP=$BUILD/reccl_proxy_perf
 PXC=$BUILD/reccl_proxy_cost
 SHIM_SO=$BUILD/cmake/shim/libreccl_nccl.so
 T_SHIM=$BUILD/cmake/shim/reccl.test.shim.serve
@@ -47,7 +48,7 @@ if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
   B=$(cd "$RECCL_GPU_BIN" && pwd)
   PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
   T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench T_CE=$B/reccl.test.device.copy_engine PXC=$B/reccl_proxy_cost
-  T_PC=$B/reccl.test.device.proxy_collectives
+  T_PC=$B/reccl.test.device.proxy_collectives PXP=$B/reccl_proxy_perf
   SHIM_SO=$B/libreccl_nccl.so T_SHIM=$B/reccl.test.shim.serve
   NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$B/nccl-tests}
   # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
@@ -64,7 +65,7 @@ if has build; then
       -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
       cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
         reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench reccl.test.device.copy_engine \
-        reccl.test.device.proxy_collectives reccl_proxy_cost reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
+        reccl.test.device.proxy_collectives reccl_proxy_cost reccl_proxy_perf reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]]; then
       PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
@@ -75,6 +76,7 @@ if has build; then
       T_CE=$(find "$BUILD/cmake" -name reccl.test.device.copy_engine -type f | head -1)
       T_PC=$(find "$BUILD/cmake" -name reccl.test.device.proxy_collectives -type f | head -1)
       PXC=$(find "$BUILD/cmake" -name reccl_proxy_cost -type f | head -1)
+      PXP=$(find "$BUILD/cmake" -name reccl_proxy_perf -type f | head -1)
     else
       log "cmake build failed (see cmake.log), falling back to nvcc"; tail -20 "$OUT/cmake.log"
       RECCL_GPU_BUILD=nvcc
@@ -102,7 +104,8 @@ if has build; then
     p5=$!
     nvcc "${FLAGS[@]}" tests/device/copy_engine.test.cu -o "$T_CE" >"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" tests/device/proxy_collectives.test.cu -o "$T_PC" -lnccl >>"$OUT/build_ce.log" 2>&1 &&
-      nvcc "${FLAGS[@]}" bench/proxy/proxy_cost.cu -o "$PXC" >>"$OUT/build_ce.log" 2>&1 &
+      nvcc "${FLAGS[@]}" bench/proxy/proxy_cost.cu -o "$PXC" >>"$OUT/build_ce.log" 2>&1 &&
+      nvcc "${FLAGS[@]}" bench/proxy/proxy_perf.cu -o "$PXP" -lnccl -lcublas >>"$OUT/build_ce.log" 2>&1 &
     p6=$!
     rc=0
     wait $p1 || { rc=1; tail -30 "$OUT/build_perf.log"; }
@@ -209,6 +212,9 @@ if has proxy; then
   # producer cache); bounded by its own push timeout
   timeout 120 "$PXC" --posts 8192 --reps 1 --iters 100 -J "$OUT/proxy_cost_flood.json" >"$OUT/proxy_cost_flood.txt" 2>&1
   rc=$?; SUMMARY+=("proxy cost, flood of 8192: rc=$rc  $(grep -E 'signals posted|failed' "$OUT/proxy_cost_flood.txt" | head -1)")
+  log "collectives over the proxy beside the load/store path (and NCCL on two GPUs), GEMM overlap"
+  timeout 400 "$PXP" ${PROXY_PERF_ARGS:-} -J "$OUT/proxy_perf.json" >"$OUT/proxy_perf.txt" 2>&1
+  rc=$?; SUMMARY+=("proxy perf: rc=$rc")
 fi
 
 if has shim; then
@@ -237,6 +243,7 @@ echo "================ summary ($RECCL_COMMIT) ================"
 for s in "${SUMMARY[@]}"; do echo "$s"; done
 [[ -f "$OUT/adaptive.txt" ]] && sed -n '/reccl_adaptive_bench summary/,$p' "$OUT/adaptive.txt"
 [[ -f "$OUT/proxy_cost.txt" ]] && sed -n '/reccl_proxy_cost (/,$p' "$OUT/proxy_cost.txt"
+[[ -f "$OUT/proxy_perf.txt" ]] && cat "$OUT/proxy_perf.txt"
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"
 if ls "$OUT"/*.json >/dev/null 2>&1; then

@@ -131,8 +131,14 @@ int main(int argc, char** argv) {
       ck(cudaStreamSynchronize(s[r]), "cudaStreamSynchronize");
     }
     if (*err != 0 || g.error() != status::ok) {
-      std::fprintf(stderr, "proxy run failed (phase code %d; pushed %llu, last flag seen %llu, base %llu; queue: %s): %s\n", *err,
-                   ns[2], ns[3], static_cast<unsigned long long>(base), std::string(name(g.queue(0, 0).error())).c_str(),
+      // the queue's counters as the host sees them: which side stopped
+      queue_control const* c = g.queue(0, 0).ctl;
+      std::fprintf(stderr,
+                   "proxy run failed (phase code %d; pushed %llu, last flag seen %llu, base %llu; queue: %s; tail %llu head %llu "
+                   "completed %llu stalls %llu): %s\n",
+                   *err, ns[2], ns[3], static_cast<unsigned long long>(base), std::string(name(g.queue(0, 0).error())).c_str(),
+                   static_cast<unsigned long long>(load_acquire(&c->tail)), static_cast<unsigned long long>(load_acquire(&c->head)),
+                   static_cast<unsigned long long>(load_acquire(&c->completed)), static_cast<unsigned long long>(c->stalls),
                    g.error_message().c_str());
       std::exit(1);
     }

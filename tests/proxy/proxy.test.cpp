@@ -44,8 +44,8 @@ struct world {
   std::vector<std::unique_ptr<host_backend>> backends;  // [rank]
   std::vector<std::unique_ptr<reccl::proxy::proxy<host_backend>>> proxies;
 
-  world(int nranks, int n_vts, std::uint64_t area_bytes, std::uint32_t capacity, bool start = true)
-      : layout{nranks, n_vts, area_bytes} {
+  world(int nranks, int n_vts, std::uint64_t area_bytes, std::uint32_t capacity, bool start = true, std::uint64_t symmetric = 0)
+      : layout{nranks, n_vts, area_bytes, symmetric} {
     for (int r = 0; r < nranks; ++r) {
       windows.push_back(std::make_unique<std::byte[]>(layout.window_bytes()));
       flags.push_back(std::make_unique<std::uint64_t[]>(layout.n_flags()));
@@ -205,6 +205,31 @@ TEST_CASE("proxy: the handle rejects a source outside the window and a range pas
   world w3(2, 1, 256, 4);
   w3.at(0).signal(0, 5, flag::ready, 1);  // no rank 5
   CHECK(w3.at(0).error(0) == status::invalid_argument);
+}
+
+TEST_CASE("proxy: a symmetric put lands at the sender's offset in the peer's symmetric region, and stays inside it") {
+  world w(3, 2, 128, 8, true, 4096);
+  std::uint64_t const sym = w.layout.symmetric_offset();
+  CHECK(w.layout.window_bytes() == sym + 4096);
+  handle const h = w.at(0);
+  std::byte* const src = h.window + sym + 100;  // my bytes, in my symmetric region
+  fill(src, 777, 0, 2, 1, 0);
+  std::byte* const dst = h.window + sym + 2001;  // an odd offset: where they land on the peer
+  h.put_symmetric_with_signal(1, 2, dst, src, 777, flag::ready, 9);
+  h.put_symmetric(1, 0, dst, src, 777);  // to myself: a local copy
+  h.signal(1, 0, flag::ready, 4);
+  REQUIRE(w.at(2).wait(1, 0, flag::ready, 9, clock_ns() + 5 * second).st == status::ok);
+  REQUIRE(h.wait(1, 0, flag::ready, 4, clock_ns() + 5 * second).st == status::ok);
+  CHECK(std::memcmp(w.windows[2].get() + sym + 2001, src, 777) == 0);
+  CHECK(std::memcmp(w.windows[0].get() + sym + 2001, src, 777) == 0);
+  CHECK(h.error(1) == status::ok);
+  // a destination in the receive areas, or past the region's end, fails the VT's queue
+  h.put_symmetric(0, 1, h.window + 8, src, 16);
+  CHECK(h.error(0) == status::invalid_argument);
+  handle const g = w.at(1);
+  g.put_symmetric(0, 0, g.window + w.layout.window_bytes() - 8, g.window + sym, 16);
+  CHECK(g.error(0) == status::invalid_argument);
+  CHECK(g.error(1) == status::ok);  // the other VT's queue is untouched
 }
 
 TEST_CASE("proxy: a wait with no signal times out at its deadline and counts spins") {
