@@ -13,9 +13,10 @@
 //     end     flush: my puts have read their sources, the caller may reuse the input
 //   reduce-scatter (K rounds per VT), all-reduce (K rounds, then one step)
 //     round k (slot = global round % slots of my receive area for each peer)
-//             wait for the peer's credit for the round that last used the slot, put the peer's
-//             chunk of my input into its slot with ready; wait for every peer's chunk, reduce in
-//             rank order (fp32 accumulation of 16-bit floats, as the NVLink path), credit each peer
+//             post round k + slots - 1: wait for the peer's credit for the round that last used
+//             its slot, put the peer's chunk of my input there with ready (rounds 0 .. slots - 2
+//             are posted before round 0); wait for every peer's chunk k, reduce in rank order
+//             (fp32 accumulation of 16-bit floats, as the NVLink path), credit each peer
 //     all-reduce: put my reduced block into every peer's output with ready, wait for theirs
 //
 // The step and round counters advance alike on every rank (they depend only on the arguments all
@@ -162,34 +163,49 @@ __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args
     return a.count > b ? (a.count - b < seg ? a.count - b : seg) : 0;
   };
   auto const* in = static_cast<char const*>(a.in);
+  auto chunk = [&](std::uint64_t k, int p, std::uint64_t& plo, std::uint64_t& phi) {
+    std::uint64_t const c_lo = lo + k * S, c_hi = c_lo + S < hi ? c_lo + S : hi, L = len(p);
+    plo = c_lo < L ? c_lo : L;
+    phi = c_hi < L ? c_hi : L;
+  };
+  // Thread 0: round k's chunk to every peer, once the peer has freed the slot (its credit for the
+  // round that used the slot before).
+  auto post = [&](std::uint64_t k) {
+    std::uint64_t const g = round0 + k, slot = g % a.slots, val = ready0 + k + 1;
+    for (int p = 0; p < n && !cc.abort; ++p)
+      if (p != me && g >= a.slots) wait_for(h, st, cc, vt, p, flag::credit, g - a.slots + 1, dl, spins);
+    for (int p = 0; p < n && !cc.abort; ++p) {
+      if (p == me) continue;
+      std::uint64_t plo = 0, phi = 0;
+      chunk(k, p, plo, phi);
+      if (phi > plo)
+        h.put_with_signal(vt, p, slot * slot_bytes, in + (in_seg * static_cast<std::uint64_t>(p) + plo) * es, (phi - plo) * es,
+                          flag::ready, val);
+      else
+        h.signal(vt, p, flag::ready, val);
+    }
+  };
+  // slots - 1 rounds posted ahead: the copies of the next rounds run while this CTA reduces
+  std::uint64_t const ahead = a.slots - 1;
+  if (threadIdx.x == 0)
+    for (std::uint64_t k = 0; k < ahead && k < rounds; ++k) post(k);
   for (std::uint64_t k = 0; k < rounds; ++k) {
-    std::uint64_t const c_lo = lo + k * S, c_hi = c_lo + S < hi ? c_lo + S : hi;
     std::uint64_t const g = round0 + k, slot = g % a.slots, val = ready0 + k + 1;
     if (threadIdx.x == 0) {
-      for (int p = 0; p < n && !cc.abort; ++p) {
-        if (p == me || g < a.slots) continue;
-        wait_for(h, st, cc, vt, p, flag::credit, g - a.slots + 1, dl, spins);  // slot free at p
-      }
-      for (int p = 0; p < n && !cc.abort; ++p) {
-        if (p == me) continue;
-        std::uint64_t const L = len(p), plo = c_lo < L ? c_lo : L, phi = c_hi < L ? c_hi : L;
-        if (phi > plo)
-          h.put_with_signal(vt, p, slot * slot_bytes, in + (in_seg * static_cast<std::uint64_t>(p) + plo) * es, (phi - plo) * es,
-                            flag::ready, val);
-        else
-          h.signal(vt, p, flag::ready, val);
-      }
+      if (k + ahead < rounds) post(k + ahead);  // its slot's credit is for round k - 1, done by now
       for (int p = 0; p < n && !cc.abort; ++p) {
         if (p == me) continue;
         wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins);
         cc.src[p] = reinterpret_cast<char const*>(h.recv_area(vt, p)) + slot * slot_bytes;
       }
-      std::uint64_t const L = len(me), plo = c_lo < L ? c_lo : L;
+      std::uint64_t plo = 0, phi = 0;
+      chunk(k, me, plo, phi);
       cc.src[me] = in + (in_seg * static_cast<std::uint64_t>(me) + plo) * es;
     }
     __syncthreads();
     if (cc.abort) return false;
-    std::uint64_t const L = len(me), plo = c_lo < L ? c_lo : L, phi = c_hi < L ? c_hi : L;
+    std::uint64_t plo = 0, phi = 0;
+    chunk(k, me, plo, phi);
     if (phi > plo) reduce_block<T>(a.op, n, cc.src, out_mine + plo * es, phi - plo);
     __syncthreads();
     if (threadIdx.x == 0) {
