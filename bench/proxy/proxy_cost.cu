@@ -91,8 +91,9 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"reccl_proxy_cost: latency and post rate of the copy-engine proxy"};
   int iters = 2000, reps = 5;
-  // posts: at most the queue's capacity (4096) for now: a longer flood, whose producer must wait
-  // for room while a waiter kernel runs beside it, stalled on one H200 (README, host-proxy row)
+  // posts: at most the queue's capacity (4096) by default: a longer flood, whose producer must
+  // wait for room while a waiter kernel runs beside it, stalls on one H200 (--solo passes;
+  // bench/NOTES.md 22)
   std::uint64_t bytes = 1024, posts = 3000;
   std::string json_out;
   bool solo = false;
