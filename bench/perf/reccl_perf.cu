@@ -27,6 +27,7 @@
 
 #include "reccl/host/communicator.hpp"
 #include "reference.cuh"
+#include "size_arg.hpp"
 
 namespace {
 
@@ -46,22 +47,6 @@ struct options {
   std::vector<int> ctas{0}, chunks{0};
   double timeout_s = 10.0;
 };
-
-std::uint64_t parse_size(std::string const& s) {
-  if (s.empty()) throw CLI::ValidationError("size", "empty");
-  std::size_t pos = 0;
-  double v = std::stod(s, &pos);
-  std::uint64_t mult = 1;
-  if (pos < s.size()) {
-    switch (s[pos]) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      default: throw CLI::ValidationError("size", "unknown suffix in " + s);
-    }
-  }
-  return static_cast<std::uint64_t>(v * static_cast<double>(mult));
-}
 
 dtype parse_dtype(std::string const& s) {
   if (s == "float" || s == "float32" || s == "f32") return dtype::float32;

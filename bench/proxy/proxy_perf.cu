@@ -29,6 +29,7 @@
 
 #include "reccl/host/communicator.hpp"
 #include "reccl/proxy/collective.hpp"
+#include "bench/perf/size_arg.hpp"
 
 using namespace reccl;
 
@@ -51,21 +52,6 @@ void bk(cublasStatus_t e, char const* what) {
     std::fprintf(stderr, "%s: cuBLAS status %d\n", what, static_cast<int>(e));
     std::exit(1);
   }
-}
-
-std::uint64_t parse_size(std::string const& s) {
-  std::size_t pos = 0;
-  double const v = std::stod(s, &pos);
-  std::uint64_t mult = 1;
-  if (pos < s.size()) {
-    switch (s[pos]) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      default: throw CLI::ValidationError("size", "unknown suffix in " + s);
-    }
-  }
-  return static_cast<std::uint64_t>(v * static_cast<double>(mult));
 }
 
 collective coll_of(std::string const& s) {
