@@ -27,7 +27,7 @@
 
 #include "reccl/host/communicator.hpp"
 #include "reference.cuh"
-#include "size_arg.hpp"
+#include "nccl_tests.hpp"
 
 namespace {
 
@@ -64,14 +64,6 @@ redop parse_redop(std::string const& s) {
   if (s == "max") return redop::max;
   if (s == "avg") return redop::avg;
   throw CLI::ValidationError("op", "unknown op " + s);
-}
-collective parse_coll(std::string s) {
-  if (s == "all_reduce" || s == "allreduce") return collective::all_reduce;
-  if (s == "reduce_scatter" || s == "reducescatter") return collective::reduce_scatter;
-  if (s == "all_gather" || s == "allgather") return collective::all_gather;
-  if (s == "broadcast") return collective::broadcast;
-  if (s == "alltoall" || s == "all_to_all") return collective::all_to_all;
-  throw CLI::ValidationError("op", "unknown collective " + s);
 }
 algorithm parse_algo(std::string const& s) {
   if (s == "auto") return algorithm::automatic;
@@ -119,15 +111,6 @@ ncclRedOp_t nccl_op(redop o) {
       std::exit(2);                                                                                  \
     }                                                                                                \
   } while (0)
-
-/// nccl-tests' busbw factor.
-double bus_factor(collective c, int n) {
-  switch (c) {
-    case collective::all_reduce: return 2.0 * (n - 1) / n;
-    case collective::broadcast: return 1.0;
-    default: return static_cast<double>(n - 1) / n;
-  }
-}
 
 struct rank_ctx {
   int rank = 0, n = 0;

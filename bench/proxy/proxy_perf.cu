@@ -29,7 +29,7 @@
 
 #include "reccl/host/communicator.hpp"
 #include "reccl/proxy/collective.hpp"
-#include "bench/perf/size_arg.hpp"
+#include "bench/perf/nccl_tests.hpp"
 
 using namespace reccl;
 
@@ -52,20 +52,6 @@ void bk(cublasStatus_t e, char const* what) {
     std::fprintf(stderr, "%s: cuBLAS status %d\n", what, static_cast<int>(e));
     std::exit(1);
   }
-}
-
-collective coll_of(std::string const& s) {
-  if (s == "all_reduce") return collective::all_reduce;
-  if (s == "reduce_scatter") return collective::reduce_scatter;
-  if (s == "all_gather") return collective::all_gather;
-  if (s == "broadcast") return collective::broadcast;
-  if (s == "alltoall" || s == "all_to_all") return collective::all_to_all;
-  throw CLI::ValidationError("colls", "unknown collective " + s);
-}
-
-double bus_factor(collective c, int n) {
-  double const f = static_cast<double>(n - 1) / n;
-  return c == collective::all_reduce ? 2 * f : c == collective::broadcast ? 1.0 : f;
 }
 
 // The per-rank element count of collective c for an output of `bytes` (bf16).
@@ -242,7 +228,7 @@ int main(int argc, char** argv) {
   J["slots"] = slots;
   J["rows"] = nlohmann::json::array();
   for (auto const& cs : colls) {
-    collective const c = coll_of(cs);
+    collective const c = parse_coll(cs);
     for (std::uint64_t b = min_b; b <= max_b; b *= static_cast<std::uint64_t>(factor)) {
       std::uint64_t const count = count_for(c, b, n);
       if (count == 0) continue;
