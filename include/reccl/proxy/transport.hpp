@@ -198,34 +198,28 @@ struct proxy {
     RECCL_HOST_DEVICE bool check(int vt, int peer, std::size_t offset, void const* p, std::size_t bytes,
                                  std::uint64_t& window_off) const {
       if (vt < 0 || vt >= layout.n_vts) return false;  // no queue to report on; the caller's waits time out
-      // Addresses compared as integers: p may point anywhere, not only into the window.
-      auto const a = reinterpret_cast<std::uintptr_t>(p), w = reinterpret_cast<std::uintptr_t>(window);
-      std::uint64_t const wb = layout.window_bytes();
-      bool ok = peer >= 0 && peer < layout.nranks && offset <= layout.area_bytes && bytes <= layout.area_bytes - offset &&
-                a >= w && a - w <= wb && bytes <= wb - (a - w);
-      if (!ok) {
-        queues[vt].fail(status::invalid_argument);
-        return false;
-      }
-      window_off = static_cast<std::uint64_t>(a - w);
-      return true;
+      bool const ok = peer >= 0 && peer < layout.nranks && offset <= layout.area_bytes && bytes <= layout.area_bytes - offset &&
+                      in_window(p, bytes, 0, window_off);
+      if (!ok) queues[vt].fail(status::invalid_argument);
+      return ok;
     }
     // Validates (vt, peer), that [src, src + bytes) lies in my window and [dst, dst + bytes) in my
     // symmetric region; on failure fails the VT's queue and returns false.
     RECCL_HOST_DEVICE bool check_symmetric(int vt, int peer, void const* dst, void const* src, std::size_t bytes,
                                            std::uint64_t& dst_off, std::uint64_t& src_off) const {
       if (vt < 0 || vt >= layout.n_vts) return false;
-      auto const d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
-      auto const w = reinterpret_cast<std::uintptr_t>(window);
-      std::uint64_t const lo = layout.symmetric_offset(), wb = layout.window_bytes();
-      bool const ok = peer >= 0 && peer < layout.nranks && d >= w && d - w >= lo && d - w <= wb && bytes <= wb - (d - w) &&
-                      s >= w && s - w <= wb && bytes <= wb - (s - w);
-      if (!ok) {
-        queues[vt].fail(status::invalid_argument);
-        return false;
-      }
-      dst_off = static_cast<std::uint64_t>(d - w);
-      src_off = static_cast<std::uint64_t>(s - w);
+      bool const ok = peer >= 0 && peer < layout.nranks && in_window(dst, bytes, layout.symmetric_offset(), dst_off) &&
+                      in_window(src, bytes, 0, src_off);
+      if (!ok) queues[vt].fail(status::invalid_argument);
+      return ok;
+    }
+    // Whether [p, p + bytes) lies in my window at offset `lo` or above; if so, its offset in `off`.
+    // Addresses compared as integers: p may point anywhere, not only into the window.
+    RECCL_HOST_DEVICE bool in_window(void const* p, std::size_t bytes, std::uint64_t lo, std::uint64_t& off) const {
+      auto const a = reinterpret_cast<std::uintptr_t>(p), w = reinterpret_cast<std::uintptr_t>(window);
+      std::uint64_t const wb = layout.window_bytes();
+      if (a < w || a - w < lo || a - w > wb || bytes > wb - (a - w)) return false;
+      off = static_cast<std::uint64_t>(a - w);
       return true;
     }
   };
