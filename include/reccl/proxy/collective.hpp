@@ -82,6 +82,13 @@ RECCL_HOST_DEVICE std::uint64_t segment_elems(collective c, std::uint64_t count,
   if (c != collective::all_reduce) return count;
   return ceil_div(ceil_div(count, static_cast<std::uint64_t>(n)), static_cast<std::uint64_t>(pack)) * static_cast<std::uint64_t>(pack);
 }
+/// Elements of rank p's segment: all-reduce cuts `count` into segments of `seg` (the last ones may
+/// be shorter or empty), the others have `count` per segment.
+RECCL_HOST_DEVICE std::uint64_t segment_len(collective c, std::uint64_t count, std::uint64_t seg, int p) {
+  if (c != collective::all_reduce) return count;
+  std::uint64_t const b = static_cast<std::uint64_t>(p) * seg;
+  return count > b ? (count - b < seg ? count - b : seg) : 0;
+}
 /// VT vt's range [lo, hi) of a segment of `seg` elements: an equal split in packs.
 RECCL_HOST_DEVICE void vt_range(std::uint64_t seg, int pack, int vt, int n_vts, std::uint64_t& lo, std::uint64_t& hi) {
   std::uint64_t const packs = ceil_div(seg, static_cast<std::uint64_t>(pack));
@@ -143,8 +150,8 @@ __device__ void reduce_block(redop op, int nranks, char const* const* src, char*
 }
 
 // The reduce rounds of reduce-scatter and of all-reduce's first phase, for VT vt. Segment p of the
-// input starts at element in_seg * p; my reduced segment goes to `out_mine`. seg_len(p) clips the
-// shared VT grid to segment p's length (all-reduce's last segments may be shorter).
+// input starts at element in_seg * p; my reduced segment goes to `out_mine`. segment_len() clips
+// the shared VT grid to segment p's length (all-reduce's last segments may be shorter).
 template <class T>
 __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args const& a, collective_state* st, cta_control& cc,
                               int vt, std::uint64_t seg, std::uint64_t in_seg, char* out_mine, std::uint64_t ready0,
@@ -157,14 +164,9 @@ __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args
   std::uint64_t const S = slot_elems(h.layout.area_bytes, a.slots, es, V);
   std::uint64_t const slot_bytes = h.layout.area_bytes / a.slots;
   rounds = hi > lo ? ceil_div(hi - lo, S) : 0;
-  auto len = [&](int p) -> std::uint64_t {
-    if (a.coll != collective::all_reduce) return a.count;
-    std::uint64_t const b = static_cast<std::uint64_t>(p) * seg;
-    return a.count > b ? (a.count - b < seg ? a.count - b : seg) : 0;
-  };
   auto const* in = static_cast<char const*>(a.in);
   auto chunk = [&](std::uint64_t k, int p, std::uint64_t& plo, std::uint64_t& phi) {
-    std::uint64_t const c_lo = lo + k * S, c_hi = c_lo + S < hi ? c_lo + S : hi, L = len(p);
+    std::uint64_t const c_lo = lo + k * S, c_hi = c_lo + S < hi ? c_lo + S : hi, L = segment_len(a.coll, a.count, seg, p);
     plo = c_lo < L ? c_lo : L;
     phi = c_hi < L ? c_hi : L;
   };
@@ -243,8 +245,7 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
       // my reduced VT block into every peer's output
       std::uint64_t lo = 0, hi = 0;
       vt_range(seg, V, vt, h.layout.n_vts, lo, hi);
-      std::uint64_t const b = static_cast<std::uint64_t>(me) * seg;
-      std::uint64_t const L = a.count > b ? (a.count - b < seg ? a.count - b : seg) : 0;
+      std::uint64_t const L = segment_len(a.coll, a.count, seg, me);
       std::uint64_t const plo = lo < L ? lo : L, phi = hi < L ? hi : L;
       std::uint64_t const val = ready0 + rounds + 1;
       if (threadIdx.x == 0) {
@@ -360,15 +361,14 @@ class proxy_collectives {
   void launch(int rank, collective_args a, cudaStream_t stream) {
     validate(rank, a);
     a.slots = slots_;
-    if (a.count == 0 || g_.layout().nranks == 0) return;
+    if (a.count == 0) return;
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
     RECCL_CUDA_CHECK(cudaSetDevice(g_.memory(rank).device));
     transport::proxy::handle const h = g_.handle(rank);
     dim3 const grid(static_cast<unsigned>(g_.layout().n_vts));
     collective_state* st = state_[static_cast<std::size_t>(rank)];
-    bool const reduce = a.coll == collective::all_reduce || a.coll == collective::reduce_scatter;
-    if (!reduce) {
+    if (!reduces(a.coll)) {
       collective_args b = a;
       b.count = a.count * size_of(a.type);  // copies run in bytes
       detail::collective_kernel<device::raw_byte><<<grid, threads, 0, stream>>>(h, b, st);
