@@ -102,7 +102,7 @@ if has build; then
     p4=$!
     nvcc "${FLAGS[@]}" bench/adaptive/adaptive_bench.cu -o "$ADB" -lnccl >"$OUT/build_adb.log" 2>&1 &
     p5=$!
-    nvcc "${FLAGS[@]}" tests/device/copy_engine.test.cu -o "$T_CE" >"$OUT/build_ce.log" 2>&1 &&
+    nvcc "${FLAGS[@]}" tests/device/copy_engine.test.cu -o "$T_CE" -lnccl >"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" tests/device/proxy_collectives.test.cu -o "$T_PC" -lnccl >>"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" bench/proxy/proxy_cost.cu -o "$PXC" >>"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" bench/proxy/proxy_perf.cu -o "$PXP" -lnccl -lcublas >>"$OUT/build_ce.log" 2>&1 &

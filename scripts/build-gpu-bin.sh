@@ -47,7 +47,7 @@ for t in $TARGETS; do
     adaptive_bench) build reccl_adaptive_bench bench/adaptive/adaptive_bench.cu -lnccl & ;;
     demo) build adaptive_gpu examples/02_adaptive_gpu/main.cu -lnccl & ;;
     control_step) build reccl_control_step bench/perf/control_step.cu & ;;
-    ce) build reccl.test.device.copy_engine tests/device/copy_engine.test.cu & ;;
+    ce) build reccl.test.device.copy_engine tests/device/copy_engine.test.cu -lnccl & ;;
     pcoll) build reccl.test.device.proxy_collectives tests/device/proxy_collectives.test.cu -lnccl & ;;
     proxy_cost) build reccl_proxy_cost bench/proxy/proxy_cost.cu & ;;
     proxy_perf) build reccl_proxy_perf bench/proxy/proxy_perf.cu -lnccl -lcublas & ;;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "reccl/proxy/copy_engine_group.hpp"
+#include "support.cuh"
 
 using namespace reccl;
 using namespace reccl::proxy;
@@ -21,13 +22,6 @@ using handle = reccl::transport::proxy::handle;
 namespace {
 
 constexpr std::uint64_t second = 1'000'000'000;
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define REQUIRE_GPU() \
-  if (!have_gpu()) { MESSAGE("skipped: no GPU"); return; }
 
 // Block vt of rank `me`: `rounds` puts of odd sizes at odd offsets from my send area for `peer` into
 // the peer's receive area, each followed by a signal (ready = round + 1); then wait for the peer's

@@ -28,13 +28,6 @@ using reccl::proxy::proxy_collectives;
 
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define REQUIRE_GPU() \
-  if (!have_gpu()) { MESSAGE("skipped: no GPU"); return; }
-
 constexpr std::uint64_t guard = 64;
 
 // n ranks with in/out buffers at the same offsets of their symmetric regions.

@@ -33,6 +33,17 @@ using reccl::redop;
     if (r_ != ncclSuccess) throw std::runtime_error(std::string(#x) + ": " + ncclGetErrorString(r_)); \
   } while (0)
 
+/// Whether a CUDA device is present; REQUIRE_GPU() ends a doctest case with "skipped: no GPU" if not.
+inline bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define REQUIRE_GPU()                                        \
+  if (!gpu_test::have_gpu()) {                               \
+    MESSAGE("skipped: no GPU");                              \
+    return;                                                  \
+  }
+
 // ---- CPU reference: element conversions written independently of the device headers ----------
 
 inline float half_bits_to_float(std::uint16_t b) {
