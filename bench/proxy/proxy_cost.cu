@@ -6,7 +6,8 @@
 //             with a signal on the last) as fast as its queue takes them; the time from the launch
 //             until rank 1's kernel saw the last one
 //
-//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 3000] [-J out.json]
+//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 3000] [--unbatched]
+//                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [-J out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -98,9 +99,13 @@ int main(int argc, char** argv) {
   std::string json_out;
   bool solo = false;
   unsigned await_sleep_ns = 0;
+  bool unbatched = false;
+  std::uint32_t full_backoff_ns = 0;
   app.add_option("--iters", iters, "round trips per latency run");
   app.add_flag("--solo", solo, "post-rate runs: launch the waiter only after the producer finished");
   app.add_option("--await_sleep_ns", await_sleep_ns, "post-rate runs: the waiter sleeps this long between polls (0: the transport's wait)");
+  app.add_flag("--unbatched", unbatched, "the backend issues one CUDA call per copy and per signal (the way before batching)");
+  app.add_option("--full_backoff_ns", full_backoff_ns, "the producer's sleep between polls of a full queue");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
   app.add_option("--bytes", bytes, "bytes per put");
   app.add_option("--posts", posts, "requests per post-rate run");
@@ -121,6 +126,8 @@ int main(int argc, char** argv) {
   cfg.proxy.idle_spins = 1u << 30;  // a dedicated proxy thread keeps spinning (latency over CPU time)
   cfg.push_timeout_ns = 20 * second;
   if (ngpu >= 2) cfg.devices = {0, 1};
+  cfg.backend.batched = !unbatched;
+  cfg.full_backoff_ns = full_backoff_ns;
   copy_engine_group g(cfg);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
@@ -195,7 +202,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   double const put_rate = rate(bytes);
 
-  std::printf("reccl_proxy_cost (%s, %s; copy-engine backend, one proxy thread per rank)\n", prop.name, where.c_str());
+  std::printf("reccl_proxy_cost (%s, %s; copy-engine backend, %s, one proxy thread per rank)\n", prop.name, where.c_str(),
+              unbatched ? "a CUDA call per copy and signal" : "a pass's copies and signals batched");
   std::printf("%-44s %12s %10s\n", "measure", "value", "target");
   std::printf("%-44s %9.2f us %10s\n", ("one-way put (" + std::to_string(bytes) + " B) + signal").c_str(), lat_us, "<= 10 us");
   std::printf("%-44s %10.0f /s %10s\n", "signals posted and delivered", sig_rate, ">= 500000");
@@ -211,6 +219,9 @@ int main(int argc, char** argv) {
     J["signals_per_s"] = sig_rate;
     J["puts_per_s"] = put_rate;
     J["posts"] = posts;
+    J["batched"] = !unbatched;
+    J["solo"] = solo;
+    J["full_backoff_ns"] = full_backoff_ns;
     std::ofstream(json_out) << J.dump(2) << "\n";
   }
   for (auto x : s) cudaStreamDestroy(x);

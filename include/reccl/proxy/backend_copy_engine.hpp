@@ -1,29 +1,47 @@
 // reccl/proxy/backend_copy_engine.hpp -- a proxy backend that moves bytes with the GPUs' copy
-// engines: a put is a cudaMemcpyAsync into the peer's window, a signal an 8-byte copy of the value
-// from a pinned slot into the peer's flag word, both on a stream per peer, so the flag is written
-// only after the bytes of every earlier put to that peer have landed; signals to one flag that
-// follow each other are coalesced into the last one. No SM is used. (A stream
-// memory write, cuStreamWriteValue64, was tried first: signals with no copy before them on the
-// stream never landed on an H200 with driver 580 within 20 s.)
+// engines: a put is a copy into the peer's window, a signal an 8-byte copy of the value into the
+// peer's flag word, both on a stream per peer. No SM is used. (A stream memory write,
+// cuStreamWriteValue64, was tried first: signals with no copy before them on the stream never
+// landed on an H200 with driver 580 within 20 s.)
 //
-//   rank r's proxy thread           stream[peer] (copy engine)            peer's GPU memory
-//   ┌──────────────────────┐        ┌──────────────────────────────┐     ┌──────────────────┐
-//   │ put(r)    ───────────│───────▶│ memcpy  window[r] -> window  │────▶│ window + dst     │
-//   │ signal(r) ───────────│───────▶│ memcpy  pinned value -> flag │────▶│ flags[i]         │
-//   │ poll_completions ────│──query─│ event after the last op      │     └──────────────────┘
-//   └──────────────────────┘        └──────────────────────────────┘
+//   rank r's proxy thread              stream[peer] (copy engine)              peer's GPU memory
+//   ┌─────────────────────────┐        ┌─────────────────────────────────┐     ┌──────────────────┐
+//   │ put(r), get(r)  (queued)│        │                                 │     │                  │
+//   │ signal(r)       (queued)│        │                                 │     │                  │
+//   │ poll_completions:       │        │                                 │     │                  │
+//   │   the pass's copies ────│───────▶│ one batch: window[r] -> window  │────▶│ window + dst     │
+//   │   the pass's signals ───│───────▶│ one batch: values -> flags      │────▶│ flags[i]         │
+//   │   reap ─────────────────│──query─│ event after the last batch      │     └──────────────────┘
+//   └─────────────────────────┘        └─────────────────────────────────┘
+//
+// Submission: put/get/signal only validate and queue; poll_completions, which the proxy calls at
+// the end of every pass over its queues, issues each lane's queued copies as one
+// cudaMemcpyBatchAsync and then its signals as a second one (the values are read during the call,
+// so they need no pinned slots), then records the completion event. That is about four CUDA calls
+// per pass instead of one per request; the proxy thread's CUDA calls are what bound the proxy's
+// rate (bench/NOTES.md 23, 24). With `batched = false` (or a CUDA runtime older than 13.0) every
+// copy is its own cudaMemcpyAsync and every signal a copy from a pinned slot, in the same order.
+//
+// Ordering (what a peer may rely on): a signal is written only after the bytes of every put and
+// get to that peer handed to the backend before it have landed. A put handed over after a signal
+// may land before that signal (both are issued at the end of the same pass, copies first). No
+// request can depend on such a signal having arrived: nothing of a pass is issued before the pass
+// ends, so whatever reacts to the signal is handed over in a later pass. Signals to one flag in a
+// pass are coalesced into the largest value (flags only grow, so a waiter for an earlier value is
+// satisfied by it).
 //
 // Memory: every rank's window and flags are device memory (cudaMalloc) this process can address
 // (the same GPU, or peers with peer access enabled); the kernels that wait on the flags poll them
 // with acquire loads. Across processes the windows come from CUDA IPC handles (not done yet).
 //
-// Completions: each stream records an event after its newest operation when the proxy asks for
-// progress; operations up to a completed event are done. get() completes like a put (the proxy
+// Completions: each stream records an event after its newest submission when the proxy asks for
+// progress; submissions up to a completed event are done. get() completes like a put (the proxy
 // marks the queue's requests completed only when nothing is outstanding).
 //
 // Errors: a request outside a window or a flag array is status::invalid_argument (nothing is
-// issued); a CUDA error while issuing or querying is status::internal, and message() keeps the
-// CUDA text. The backend owns its streams and events; the destructor waits for them.
+// queued); a CUDA error while issuing or querying is status::internal, and message() keeps the
+// CUDA text. The backend owns its streams and events; the destructor issues what is queued and
+// waits for the streams.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,11 +65,17 @@ struct device_memory {
   int device = 0;  ///< the GPU that holds window and flags
 };
 
+/// How the backend submits its work (see the file comment).
+struct copy_engine_options {
+  bool batched = true;  ///< one cudaMemcpyBatchAsync for a pass's copies and one for its signals
+};
+
 /// Backend of rank `rank` (see the file comment). `ranks[i]` is rank i's memory, mine included;
 /// the span's storage must outlive the backend. Streams are created on my GPU.
 class copy_engine_backend {
  public:
-  copy_engine_backend(int rank, std::span<device_memory const> ranks) : rank_(rank), ranks_(ranks) {
+  copy_engine_backend(int rank, std::span<device_memory const> ranks, copy_engine_options opt = {})
+      : rank_(rank), ranks_(ranks), batched_(opt.batched && have_batch) {
     if (!valid_rank(rank)) {
       fail(cudaErrorInvalidValue, "copy_engine_backend: rank outside the ranks given");
       return;
@@ -61,7 +85,8 @@ class copy_engine_backend {
     for (auto& p : peers_) {
       if (!check(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking), "cudaStreamCreate")) return;
       if (!check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate")) return;
-      if (!check(cudaHostAlloc(&p.values, sizeof(std::uint64_t) * value_slots, cudaHostAllocPortable), "cudaHostAlloc")) return;
+      if (!batched_ && !check(cudaHostAlloc(&p.slots, sizeof(std::uint64_t) * value_slots, cudaHostAllocPortable), "cudaHostAlloc"))
+        return;
     }
   }
   copy_engine_backend(copy_engine_backend const&) = delete;
@@ -69,93 +94,151 @@ class copy_engine_backend {
   ~copy_engine_backend() {
     for (auto& p : peers_) {
       if (p.stream != nullptr) {
+        if (ok_) (void)submit(p);
         cudaStreamSynchronize(p.stream);
         cudaStreamDestroy(p.stream);
       }
       if (p.done != nullptr) cudaEventDestroy(p.done);
-      if (p.values != nullptr) cudaFreeHost(p.values);
+      if (p.slots != nullptr) cudaFreeHost(p.slots);
     }
   }
 
   /// The first error's text ("" if none).
   std::string const& message() const { return message_; }
+  /// Whether a pass's copies and signals go out as batches (false: one call per operation).
+  bool batched() const { return batched_; }
   /// Bytes issued to the copy engines (puts and gets).
   std::uint64_t bytes_moved() const { return bytes_moved_; }
-  /// Signals that were not written because a later one to the same flag replaced them.
+  /// Signals that were not written because a later one to the same flag in the pass replaced them.
   std::uint64_t signals_coalesced() const { return coalesced_; }
+  /// CUDA calls that issued copies or signals (a batch counts once).
+  std::uint64_t submissions() const { return submissions_; }
 
-  status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset, "cudaMemcpyAsync (put)"); }
+  status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset); }
+  status get(work_request const& r) { return copy(r, r.peer, rank_, r.dst_offset, r.src_offset); }
 
-  /// Signals to one flag that follow each other on a peer's stream are coalesced: only the last
-  /// value is written (flags only grow, so a waiter for an earlier value is satisfied by it). The
-  /// write is issued before the next copy on that stream and at the latest by the next
-  /// poll_completions, so it keeps its place after every earlier put.
   status signal(work_request const& r) {
     if (!ok_) return status::internal;
     if (!valid_rank(r.peer)) return status::invalid_argument;
     device_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
     if (r.flag_index >= peer.n_flags) return status::invalid_argument;
     lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    std::uint64_t* const flag = peer.flags + r.flag_index;
-    if (l.pending_flag == flag) {
-      ++coalesced_;  // the pending write of this flag carries this value instead
-    } else if (flush(l) != status::ok) {
-      return status::internal;
+    void* const flag = peer.flags + r.flag_index;
+    for (std::size_t i = 0; i < l.flags.size(); ++i) {
+      if (l.flags[i] != flag) continue;
+      ++coalesced_;  // the queued write of this flag carries the larger value instead
+      if (r.value > l.values[i]) l.values[i] = r.value;
+      return status::ok;
     }
-    l.pending_flag = flag;
-    l.pending_value = l.pending_value > r.value ? l.pending_value : r.value;
+    l.flags.push_back(flag);
+    l.values.push_back(r.value);
     return status::ok;
   }
 
-  status get(work_request const& r) { return copy(r, r.peer, rank_, r.dst_offset, r.src_offset, "cudaMemcpyAsync (get)"); }
-
-  /// Records an event after each stream's newest operation (if none is pending) and reaps the
-  /// ones that completed. Never blocks.
+  /// Issues what the pass queued (copies, then signals, per lane), records an event after each
+  /// stream's newest submission if none is pending, and reaps the ones that completed. Never blocks
+  /// (except, without batching, when every pinned signal slot is in flight).
   poll_result poll_completions() {
     if (!ok_) return {status::internal, 0};
     std::uint64_t outstanding = 0;
     for (auto& l : peers_) {
-      if (flush(l) != status::ok || reap(l) != status::ok) return {status::internal, 0};
+      if (submit(l) != status::ok || reap(l) != status::ok) return {status::internal, 0};
       outstanding += l.issued - l.completed;
     }
     return {status::ok, outstanding};
   }
 
  private:
-  static constexpr std::uint64_t value_slots = 4096;  ///< pinned signal values per peer stream
+#if CUDART_VERSION >= 13000
+  static constexpr bool have_batch = true;
+#else
+  static constexpr bool have_batch = false;  // cudaMemcpyBatchAsync has another signature before 13.0
+#endif
+  static constexpr std::uint64_t value_slots = 4096;  ///< unbatched: pinned signal values per stream
 
   struct lane {
     cudaStream_t stream = nullptr;
-    std::uint64_t* values = nullptr;  ///< pinned: the source of each signal's 8-byte copy
     cudaEvent_t done = nullptr;
-    std::uint64_t issued = 0;     ///< operations issued on the stream
+    std::uint64_t issued = 0;     ///< submissions on the stream
     std::uint64_t recorded = 0;   ///< `issued` when `done` was recorded (0: no event pending)
-    std::uint64_t completed = 0;  ///< operations known complete
-    std::uint64_t* pending_flag = nullptr;  ///< a signal not written yet (coalescing), or null
-    std::uint64_t pending_value = 0;
+    std::uint64_t completed = 0;  ///< submissions known complete
+    // this pass's queued operations
+    std::vector<void*> dsts;
+    std::vector<void const*> srcs;
+    std::vector<std::size_t> sizes;
+    std::vector<void*> flags;  ///< the peer's flag words
+    std::vector<std::uint64_t> values;
+    std::vector<void const*> value_srcs;  ///< batched: &values[i], built at submit
+    std::vector<std::size_t> value_sizes;
+    std::uint64_t* slots = nullptr;       ///< unbatched: pinned sources of the signal copies
   };
 
-  // The lane's pending signal as an 8-byte copy of its value from a pinned slot, stream-ordered
-  // after the lane's earlier copies, so the flag never overtakes their bytes. A slot is reused
-  // only once the copy that read it completed (a slot per operation of the ring's span).
-  status flush(lane& l) {
-    if (l.pending_flag == nullptr) return status::ok;
-    while (l.issued - l.completed >= value_slots) {  // rare: that many operations in flight
-      if (!check(cudaEventSynchronize(l.done), "cudaEventSynchronize")) return status::internal;
-      if (reap(l) != status::ok) return status::internal;
+  status submit(lane& l) {
+    if (!l.dsts.empty()) {
+      if (batched_) {
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        if (!issue(batch(l.dsts.data(), l.srcs.data(), l.sizes.data(), l.dsts.size(), attr, l.stream), l, "cudaMemcpyBatchAsync (puts)"))
+          return status::internal;
+      } else {
+        for (std::size_t i = 0; i < l.dsts.size(); ++i)
+          if (!issue(cudaMemcpyAsync(l.dsts[i], l.srcs[i], l.sizes[i], cudaMemcpyDefault, l.stream), l, "cudaMemcpyAsync (put)"))
+            return status::internal;
+      }
+      l.dsts.clear();
+      l.srcs.clear();
+      l.sizes.clear();
     }
-    std::uint64_t* slot = l.values + (l.issued % value_slots);
-    *slot = l.pending_value;
-    if (!check(cudaMemcpyAsync(l.pending_flag, slot, sizeof(std::uint64_t), cudaMemcpyHostToDevice, l.stream),
-               "cudaMemcpyAsync (signal)"))
-      return status::internal;
-    l.pending_flag = nullptr;
-    l.pending_value = 0;
-    ++l.issued;
+    if (!l.flags.empty()) {
+      if (batched_) {
+        // the values are read during the call (DuringApiCall), so the vectors may change after it
+        l.value_srcs.clear();
+        for (auto const& v : l.values) l.value_srcs.push_back(&v);
+        l.value_sizes.assign(l.flags.size(), sizeof(std::uint64_t));
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+        if (!issue(batch(l.flags.data(), l.value_srcs.data(), l.value_sizes.data(), l.flags.size(), attr,
+                         l.stream),
+                   l, "cudaMemcpyBatchAsync (signals)"))
+          return status::internal;
+      } else {
+        for (std::size_t i = 0; i < l.flags.size(); ++i) {
+          while (l.issued - l.completed >= value_slots) {  // rare: that many operations in flight
+            if (!check(cudaEventSynchronize(l.done), "cudaEventSynchronize")) return status::internal;
+            if (reap(l) != status::ok) return status::internal;
+          }
+          std::uint64_t* slot = l.slots + (l.issued % value_slots);  // reused once the copy that read it completed
+          *slot = l.values[i];
+          if (!issue(cudaMemcpyAsync(l.flags[i], slot, sizeof(std::uint64_t), cudaMemcpyHostToDevice, l.stream), l,
+                     "cudaMemcpyAsync (signal)"))
+            return status::internal;
+        }
+      }
+      l.flags.clear();
+      l.values.clear();
+    }
     return status::ok;
   }
+  bool issue(cudaError_t e, lane& l, char const* what) {
+    if (!check(e, what)) return false;
+    ++l.issued;
+    ++submissions_;
+    return true;
+  }
+  static cudaError_t batch(void* const* dsts, void const* const* srcs, std::size_t const* sizes, std::size_t count, cudaMemcpyAttributes attr,
+                           cudaStream_t stream) {
+#if CUDART_VERSION >= 13000
+    std::size_t first = 0;
+    return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &first, 1, stream);
+#else
+    (void)dsts, (void)srcs, (void)sizes, (void)count, (void)attr, (void)stream;
+    return cudaErrorNotSupported;
+#endif
+  }
+
   // Completions of one lane: the pending event, if it completed; a new event after its newest
-  // operation if none is pending.
+  // submission if none is pending.
   status reap(lane& l) {
     if (l.recorded != 0) {
       cudaError_t const q = cudaEventQuery(l.done);
@@ -174,8 +257,8 @@ class copy_engine_backend {
     return status::ok;
   }
 
-  // r.bytes from rank `from`'s window at src_off to rank `to`'s at dst_off, on the stream of r.peer
-  status copy(work_request const& r, int from, int to, std::uint64_t dst_off, std::uint64_t src_off, char const* what) {
+  // Queues r.bytes from rank `from`'s window at src_off to rank `to`'s at dst_off, on the lane of r.peer.
+  status copy(work_request const& r, int from, int to, std::uint64_t dst_off, std::uint64_t src_off) {
     if (!ok_) return status::internal;
     if (!valid_rank(r.peer)) return status::invalid_argument;
     device_memory const& src = ranks_[static_cast<std::size_t>(from)];
@@ -183,10 +266,9 @@ class copy_engine_backend {
     if (!in_range(src_off, r.bytes, src.window_bytes) || !in_range(dst_off, r.bytes, dst.window_bytes)) return status::invalid_argument;
     if (r.bytes == 0) return status::ok;
     lane& l = peers_[static_cast<std::size_t>(r.peer)];
-    if (flush(l) != status::ok) return status::internal;  // an earlier signal keeps its place
-    if (!check(cudaMemcpyAsync(dst.window + dst_off, src.window + src_off, r.bytes, cudaMemcpyDefault, l.stream), what))
-      return status::internal;
-    ++l.issued;
+    l.dsts.push_back(dst.window + dst_off);
+    l.srcs.push_back(src.window + src_off);
+    l.sizes.push_back(r.bytes);
     bytes_moved_ += r.bytes;
     return status::ok;
   }
@@ -205,11 +287,13 @@ class copy_engine_backend {
 
   int rank_;
   std::span<device_memory const> ranks_;
+  bool batched_;
   std::vector<lane> peers_;
   bool ok_ = true;
   std::string message_;
   std::uint64_t bytes_moved_ = 0;
   std::uint64_t coalesced_ = 0;
+  std::uint64_t submissions_ = 0;
 };
 
 static_assert(Backend<copy_engine_backend>);

@@ -41,7 +41,9 @@ struct copy_engine_config {
   std::uint32_t queue_capacity = 1024;    ///< requests per VT queue (a power of two)
   std::vector<int> devices;               ///< GPU of each rank; empty: every rank on the current GPU
   proxy_config proxy{};
+  copy_engine_options backend{};         ///< how each rank's backend submits (batched by default)
   std::uint64_t push_timeout_ns = 1'000'000'000;  ///< a kernel's longest wait for room in a full queue
+  std::uint32_t full_backoff_ns = 0;  ///< a kernel's sleep between polls of a full queue (0: none)
 };
 
 class copy_engine_group {
@@ -95,7 +97,7 @@ class copy_engine_group {
         std::size_t const co = ring_bytes + sizeof(queue_control) * static_cast<std::size_t>(v);
         s.views.push_back({reinterpret_cast<work_request*>(h + ro), reinterpret_cast<queue_control*>(h + co), cfg_.queue_capacity});
         dev_views.push_back({reinterpret_cast<work_request*>(d + ro), reinterpret_cast<queue_control*>(d + co), cfg_.queue_capacity,
-                             caches + v});
+                             caches + v, cfg_.full_backoff_ns});
       }
       RECCL_CUDA_CHECK(cudaMemcpy(s.dev_block, dev_views.data(), views_bytes, cudaMemcpyHostToDevice));
       s.dev_views = static_cast<work_queue_view const*>(s.dev_block);
@@ -104,7 +106,7 @@ class copy_engine_group {
     }
     for (int r = 0; r < cfg_.nranks; ++r) {
       rank_state& s = ranks_[static_cast<std::size_t>(r)];
-      s.backend = std::make_unique<copy_engine_backend>(r, std::span<device_memory const>(mem_));
+      s.backend = std::make_unique<copy_engine_backend>(r, std::span<device_memory const>(mem_), cfg_.backend);
       if (!s.backend->message().empty()) throw reccl::error(status::internal, "copy_engine_group: " + s.backend->message());
       s.runner = std::make_unique<proxy<copy_engine_backend>>(*s.backend, std::span<work_queue_view const>(s.views), cfg_.proxy);
       s.runner->start();

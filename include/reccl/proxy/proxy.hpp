@@ -12,7 +12,11 @@
 // Ordering: requests of one queue are handed to the backend in queue order; a backend must make
 // a put's bytes visible to the peer no later than a later signal to the same peer (the host
 // backend copies then release-stores the flag; the verbs backend posts both on the peer's RC QP,
-// whose write-with-immediate completes at the receiver only after the earlier writes).
+// whose write-with-immediate completes at the receiver only after the earlier writes; the
+// copy-engine backend issues a pass's copies before its signals on the peer's stream). A backend
+// may hold what it is handed until the pass's poll_completions (the copy-engine backend batches
+// a pass into a few CUDA calls); so a put may overtake an earlier signal of the same pass, which
+// no producer can observe: it handed the put over before that signal was issued.
 //
 // Completion: a queue's `completed` counter advances to everything issued once the backend
 // reports nothing outstanding. That is conservative (a busy backend delays every queue's
@@ -46,9 +50,10 @@ struct poll_result {
 };
 
 /// How requests are carried out. Called only from the proxy thread, so a backend needs no locks.
-/// put/signal/get start one operation and return status::invalid_argument for a request out of
-/// range (peer, offsets, flag index) or another non-ok status if the operation cannot be started;
-/// poll_completions makes progress (reaps completions, delivers incoming signals) without blocking.
+/// put/signal/get start (or queue) one operation and return status::invalid_argument for a request
+/// out of range (peer, offsets, flag index) or another non-ok status if it cannot be started;
+/// poll_completions, called after every pass, issues what was queued and makes progress (reaps
+/// completions, delivers incoming signals) without blocking.
 template <class B>
 concept Backend = requires(B& b, work_request const& r) {
   { b.put(r) } -> std::same_as<status>;

@@ -232,6 +232,7 @@ struct work_queue_view {
   queue_control* ctl = nullptr;
   std::uint32_t capacity = 0;
   producer_cache* cache = nullptr;  ///< the producer's counters (optional; see producer_cache)
+  std::uint32_t full_backoff_ns = 0;  ///< a kernel producer's sleep between polls of a full ring (0: none)
 
   // -- producer ---------------------------------------------------------------------------------
 
@@ -261,6 +262,9 @@ struct work_queue_view {
       if (try_push(r)) break;
       if (cache != nullptr) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));  // full: look at the queue's error
       ++res.spins;
+#if defined(__CUDA_ARCH__)
+      if (full_backoff_ns != 0) __nanosleep(full_backoff_ns);
+#endif
       relax();
       if (clock_ns() >= deadline_ns) {
         fail(status::timeout);
