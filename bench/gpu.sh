@@ -5,8 +5,9 @@
 #                                 (default: all but proxy-ab)
 #
 # proxy-ab: the copy-engine proxy's submission modes side by side (batched / one call per operation)
-# in reccl_proxy_cost and reccl_proxy_perf, the flood longer than the queue in its variants (waiter
-# beside, --solo, producer backoff) and reccl_sysmem_probe with and without a kernel beside.
+# in reccl_proxy_cost and reccl_proxy_perf, the floods longer than the queue (kernels loaded first,
+# lazily loaded, CUDA_MODULE_LOADING=EAGER), reccl_sysmem_probe with and without a kernel beside,
+# reccl_call_cost; AB_PARTS="cost flood sysmem calls perf" picks the parts (default all).
 #
 # shim: libreccl_nccl.so's GPU test, then NVIDIA's nccl-tests under NCCL and under the shim
 # (binaries from $NCCL_TESTS_BIN, default $RECCL_GPU_BIN/nccl-tests: scripts/build-gpu-bin.sh
@@ -47,13 +48,14 @@ T_PC=$BUILD/reccl.test.device.proxy_collectives
 PXP=$BUILD/reccl_proxy_perf
 PXC=$BUILD/reccl_proxy_cost
 SMP=$BUILD/reccl_sysmem_probe
+CALLS=$BUILD/reccl_call_cost
 SHIM_SO=$BUILD/cmake/shim/libreccl_nccl.so
 T_SHIM=$BUILD/cmake/shim/reccl.test.shim.serve
 if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
   B=$(cd "$RECCL_GPU_BIN" && pwd)
   PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
   T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench T_CE=$B/reccl.test.device.copy_engine PXC=$B/reccl_proxy_cost
-  T_PC=$B/reccl.test.device.proxy_collectives PXP=$B/reccl_proxy_perf SMP=$B/reccl_sysmem_probe
+  T_PC=$B/reccl.test.device.proxy_collectives PXP=$B/reccl_proxy_perf SMP=$B/reccl_sysmem_probe CALLS=$B/reccl_call_cost
   SHIM_SO=$B/libreccl_nccl.so T_SHIM=$B/reccl.test.shim.serve
   NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$B/nccl-tests}
   # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
@@ -223,32 +225,47 @@ if has proxy; then
 fi
 
 if has proxy-ab; then
-  log "proxy submission A/B: reccl_proxy_cost"
-  for mode in batched unbatched; do
-    flag=$([[ $mode == unbatched ]] && echo --unbatched)
-    timeout 120 "$PXC" $flag -J "$OUT/ab_cost_$mode.json" >"$OUT/ab_cost_$mode.txt" 2>&1
-    rc=$?; SUMMARY+=("proxy cost $mode: rc=$rc  $(grep -E 'one-way|signals posted|puts of' "$OUT/ab_cost_$mode.txt" | tr -s ' ' | paste -sd';')")
-  done
-  log "the flood of 8192 (twice the queue): waiter beside, solo, producer backoff"
-  for v in "beside:" "solo:--solo" "backoff1us:--full_backoff_ns 1000" "sleepwaiter:--await_sleep_ns 2000" \
-           "backoff1us-unbatched:--full_backoff_ns 1000 --unbatched" "beside-unbatched:--unbatched"; do
-    name=${v%%:*} args=${v#*:}
-    timeout 90 "$PXC" --posts 8192 --reps 1 --iters 100 $args -J "$OUT/ab_flood_$name.json" >"$OUT/ab_flood_$name.txt" 2>&1
-    rc=$?; SUMMARY+=("flood 8192 $name: rc=$rc  $(grep -E 'signals posted|failed' "$OUT/ab_flood_$name.txt" | head -1 | cut -c1-220)")
-  done
-  log "reccl_sysmem_probe: alone, with a kernel beside, with a paced host writer"
-  for v in "alone:" "beside:--beside" "beside-sleep:--beside --beside_sleep_ns 2000" "paced:--host_period_ns 20000" \
-           "paced-beside:--host_period_ns 20000 --beside"; do
-    name=${v%%:*} args=${v#*:}
-    timeout 120 "$SMP" --reads 100000 $args >"$OUT/ab_sysmem_$name.txt" 2>&1
-    rc=$?; SUMMARY+=("sysmem probe $name: rc=$rc  distinct/reads: $(awk 'NR>2{printf "%s ", $4}' "$OUT/ab_sysmem_$name.txt")")
-  done
-  log "proxy collectives, batched vs unbatched"
-  for mode in batched unbatched; do
-    flag=$([[ $mode == unbatched ]] && echo --unbatched)
-    timeout 200 "$PXP" $flag ${PROXY_AB_ARGS:---gemm 0 -b 1M -e 256M -f 16} -J "$OUT/ab_perf_$mode.json" >"$OUT/ab_perf_$mode.txt" 2>&1
-    rc=$?; SUMMARY+=("proxy perf $mode: rc=$rc")
-  done
+  AB=" ${AB_PARTS:-cost flood sysmem calls perf} "
+  if [[ "$AB" == *" cost "* ]]; then
+    log "proxy submission A/B: reccl_proxy_cost"
+    for mode in batched unbatched; do
+      flag=$([[ $mode == unbatched ]] && echo --unbatched)
+      timeout 120 "$PXC" $flag -J "$OUT/ab_cost_$mode.json" >"$OUT/ab_cost_$mode.txt" 2>&1
+      rc=$?; SUMMARY+=("proxy cost $mode: rc=$rc  $(grep -E 'one-way|signals posted|puts of' "$OUT/ab_cost_$mode.txt" | tr -s ' ' | paste -sd';')")
+    done
+  fi
+  if [[ "$AB" == *" flood "* ]]; then
+    # kernels loaded before the runs (the default), left to lazy loading, lazy but CUDA_MODULE_LOADING=EAGER
+    log "the flood of 8192 (twice the queue) and of 16384"
+    for v in "loaded:" "lazy:--lazy" "lazy-solo:--lazy --solo" "eager-env:--lazy" "loaded-16k:--posts 16384" "loaded-unbatched:--unbatched"; do
+      name=${v%%:*} args=${v#*:}
+      env=$([[ $name == eager-env ]] && echo CUDA_MODULE_LOADING=EAGER)
+      timeout 90 env $env "$PXC" --posts 8192 --reps 1 --iters 100 $args -J "$OUT/ab_flood_$name.json" >"$OUT/ab_flood_$name.txt" 2>&1
+      rc=$?; SUMMARY+=("flood $name: rc=$rc  $(grep -E 'signals posted|failed' "$OUT/ab_flood_$name.txt" | head -1 | cut -c1-200)")
+    done
+  fi
+  if [[ "$AB" == *" sysmem "* ]]; then
+    log "reccl_sysmem_probe: alone, with a kernel beside, with a paced host writer"
+    for v in "alone:" "beside:--beside" "beside-sleep:--beside --beside_sleep_ns 2000" "paced:--host_period_ns 20000" \
+             "paced-beside:--host_period_ns 20000 --beside"; do
+      name=${v%%:*} args=${v#*:}
+      timeout 120 "$SMP" --reads 100000 $args >"$OUT/ab_sysmem_$name.txt" 2>&1
+      rc=$?; SUMMARY+=("sysmem probe $name: rc=$rc  distinct/reads: $(awk 'NR>2{printf "%s ", $4}' "$OUT/ab_sysmem_$name.txt")")
+    done
+  fi
+  if [[ "$AB" == *" calls "* ]]; then
+    log "reccl_call_cost: the backend's CUDA calls"
+    timeout 120 "$CALLS" -J "$OUT/call_cost.json" >"$OUT/call_cost.txt" 2>&1
+    rc=$?; SUMMARY+=("call cost: rc=$rc")
+  fi
+  if [[ "$AB" == *" perf "* ]]; then
+    log "proxy collectives, batched vs unbatched"
+    for mode in batched unbatched; do
+      flag=$([[ $mode == unbatched ]] && echo --unbatched)
+      timeout 200 "$PXP" $flag ${PROXY_AB_ARGS:---gemm 0 -b 1M -e 256M -f 16} -J "$OUT/ab_perf_$mode.json" >"$OUT/ab_perf_$mode.txt" 2>&1
+      rc=$?; SUMMARY+=("proxy perf $mode: rc=$rc")
+    done
+  fi
 fi
 
 if has shim; then
@@ -278,6 +295,7 @@ for s in "${SUMMARY[@]}"; do echo "$s"; done
 [[ -f "$OUT/adaptive.txt" ]] && sed -n '/reccl_adaptive_bench summary/,$p' "$OUT/adaptive.txt"
 [[ -f "$OUT/proxy_cost.txt" ]] && sed -n '/reccl_proxy_cost (/,$p' "$OUT/proxy_cost.txt"
 [[ -f "$OUT/proxy_perf.txt" ]] && cat "$OUT/proxy_perf.txt"
+[[ -f "$OUT/call_cost.txt" ]] && cat "$OUT/call_cost.txt"
 for f in "$OUT"/ab_perf_*.txt; do [[ -f "$f" ]] && { echo "-- $(basename "$f")"; grep -v '^$' "$f"; }; done
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"

@@ -7,7 +7,7 @@
 //             until rank 1's kernel saw the last one
 //
 //   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 3000] [--unbatched]
-//                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [-J out.json]
+//                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [--lazy] [-J out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,19 +92,18 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"reccl_proxy_cost: latency and post rate of the copy-engine proxy"};
   int iters = 2000, reps = 5;
-  // posts: at most the queue's capacity (4096) by default: a longer flood, whose producer must
-  // wait for room while a waiter kernel runs beside it, stalls on one H200 (--solo passes;
-  // bench/NOTES.md 22)
   std::uint64_t bytes = 1024, posts = 3000;
   std::string json_out;
   bool solo = false;
   unsigned await_sleep_ns = 0;
   bool unbatched = false;
+  bool lazy = false;
   std::uint32_t full_backoff_ns = 0;
   app.add_option("--iters", iters, "round trips per latency run");
   app.add_flag("--solo", solo, "post-rate runs: launch the waiter only after the producer finished");
   app.add_option("--await_sleep_ns", await_sleep_ns, "post-rate runs: the waiter sleeps this long between polls (0: the transport's wait)");
   app.add_flag("--unbatched", unbatched, "the backend issues one CUDA call per copy and per signal (the way before batching)");
+  app.add_flag("--lazy", lazy, "do not load the kernels before the runs (the flood then stalls under lazy module loading; NOTES 24)");
   app.add_option("--full_backoff_ns", full_backoff_ns, "the producer's sleep between polls of a full queue");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
   app.add_option("--bytes", bytes, "bytes per put");
@@ -129,6 +128,19 @@ int main(int argc, char** argv) {
   cfg.backend.batched = !unbatched;
   cfg.full_backoff_ns = full_backoff_ns;
   copy_engine_group g(cfg);
+  // Load every kernel before any runs: under lazy module loading (CUDA's default) a kernel's first
+  // launch loads its module, which waits for the kernels already running and holds up the proxy
+  // threads' CUDA calls meanwhile; a producer that needs the proxy to make room then stalls until its
+  // timeout (bench/NOTES.md 24).
+  if (!lazy) {
+    cudaFuncAttributes fa{};
+    for (int r = 0; r < 2; ++r) {
+      ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
+      ck(cudaFuncGetAttributes(&fa, ping_pong), "load ping_pong");
+      ck(cudaFuncGetAttributes(&fa, flood), "load flood");
+      ck(cudaFuncGetAttributes(&fa, await), "load await");
+    }
+  }
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::string const where = ngpu >= 2 ? "GPU 0 -> GPU 1" : "two ranks on one GPU";
@@ -222,6 +234,7 @@ int main(int argc, char** argv) {
     J["batched"] = !unbatched;
     J["solo"] = solo;
     J["full_backoff_ns"] = full_backoff_ns;
+    J["kernels_loaded_first"] = !lazy;
     std::ofstream(json_out) << J.dump(2) << "\n";
   }
   for (auto x : s) cudaStreamDestroy(x);

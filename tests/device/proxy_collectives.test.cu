@@ -2,7 +2,8 @@
 // odd and unaligned size, in and out of place, 2 and 3 ranks, 1 and 3 VTs, against the CPU
 // reference on random data (outputs poisoned first, guard bytes checked); back-to-back calls and
 // CUDA-graph replays that continue the step counters; bad input rejected on the host; a rank that
-// never arrives ends in a timeout naming the rank and VT, no hang. Ranks are loopback ranks on
+// never arrives ends in a timeout naming the rank and VT, no hang; any Allocator split (uneven shares,
+// a masked VT) gives the same results. Ranks are loopback ranks on
 // GPU 0, and with two GPUs also one rank per GPU.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -17,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "reccl/policy/allocator/proportional.hpp"
 #include "reccl/proxy/collective.hpp"
 #include "support.cuh"
 
@@ -95,7 +97,7 @@ std::pair<char*, char*> buffers(setup const& S, collective c, int r, std::uint64
 // One collective on every rank, random inputs, outputs and guards poisoned, checked against the
 // CPU reference.
 outcome run_case(setup& S, collective c, dtype t, redop op, std::uint64_t count, bool in_place, int root, std::uint64_t offset_elems,
-                 std::mt19937_64& rng) {
+                 std::mt19937_64& rng, reccl::shares const& vt_shares = {}) {
   int const n = S.n;
   std::size_t const es = reccl::size_of(t);
   std::uint64_t const ib = count * in_segments(c, n) * es, ob = count * out_segments(c, n) * es;
@@ -132,6 +134,7 @@ outcome run_case(setup& S, collective c, dtype t, redop op, std::uint64_t count,
     a.out = out;
     a.root = root;
     a.timeout_ns = 5'000'000'000ull;
+    a.vt_shares = vt_shares;
     S.pc->launch(r, a, S.s[r]);
   }
   S.sync();
@@ -214,6 +217,64 @@ TEST_CASE("proxy collectives: every collective, dtype, op, size and placement ma
   MESSAGE(cases << " cases, " << bad << " wrong");
   CHECK(bad == 0);
   CHECK(cases > 500);
+}
+
+TEST_CASE("proxy collectives: the VT split comes from an Allocator; uneven shares and a masked VT give the same results") {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(77);
+  int const vts = 3;
+  // equal; uneven; VT 1 masked (no bytes, still in every step); a proportional allocator's update
+  // from observed times (VT 0 slow)
+  std::vector<reccl::shares> splits;
+  splits.push_back(reccl::equal_shares(vts, reccl::all_live(vts)));
+  reccl::shares uneven = splits[0];
+  uneven.w[0] = reccl::share_one / 10 * 6;
+  uneven.w[1] = reccl::share_one / 10;
+  uneven.w[2] = reccl::share_one - uneven.w[0] - uneven.w[1];
+  splits.push_back(uneven);
+  splits.push_back(reccl::equal_shares(vts, 0b101));
+  reccl::vt_observation obs;
+  obs.n_vts = vts;
+  obs.live_mask = reccl::all_live(vts);
+  obs.time[0] = 4000, obs.time[1] = 1000, obs.time[2] = 1000;
+  splits.push_back(reccl::allocator::proportional{}.update(splits[0], obs));
+  for (auto const& sh : splits) REQUIRE(reccl::check(sh) == reccl::status::ok);
+  long cases = 0, bad = 0;
+  for (int n : {2, 3}) {
+    setup S(n, vts, 8u << 20, false);
+    for (std::size_t k = 0; k < splits.size(); ++k)
+      for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather, collective::broadcast,
+                           collective::all_to_all})
+        for (dtype t : {dtype::float32, dtype::bfloat16})
+          for (std::uint64_t count : {std::uint64_t{1}, std::uint64_t{4099}, (std::uint64_t{1} << 18) + 5}) {
+            std::uint64_t const cap_elems = S.cap / reccl::size_of(t) / (n + 1);
+            if (count > cap_elems) continue;
+            bool const ip = count == 4099 && c != collective::all_to_all;
+            outcome const o = run_case(S, c, t, redop::sum, count, ip, n - 1, 0, rng, splits[k]);
+            ++cases;
+            if (o.wrong != 0 || o.guard_hit != 0 || o.st != reccl::status::ok) {
+              ++bad;
+              MESSAGE("split " << k << " " << name(c) << " " << name(t) << " count " << count << " ranks " << n << ": wrong " << o.wrong
+                               << " guard " << o.guard_hit << " " << o.msg);
+              REQUIRE(o.st == reccl::status::ok);  // counters out of step: stop here
+            }
+          }
+  }
+  MESSAGE(cases << " cases over " << splits.size() << " splits, " << bad << " wrong");
+  CHECK(bad == 0);
+  // a split for another VT count, or one check() rejects, is refused before anything is launched
+  setup S(2, vts, 1u << 20, false);
+  collective_args a;
+  a.coll = collective::all_reduce;
+  a.count = 1024;
+  a.in = S.in(0);
+  a.out = S.out(0);
+  a.vt_shares = reccl::equal_shares(2, 0b11);
+  CHECK_THROWS_WITH_AS(S.pc->launch(0, a, S.s[0]), doctest::Contains("vt_shares"), reccl::error);
+  a.vt_shares = splits[1];
+  a.vt_shares.w[0] += 1;  // no longer sums to share_one
+  CHECK_THROWS_WITH_AS(S.pc->launch(0, a, S.s[0]), doctest::Contains("vt_shares"), reccl::error);
+  CHECK(S.pc->check() == reccl::status::ok);
 }
 
 TEST_CASE("proxy collectives: back-to-back calls and CUDA-graph replays continue the counters") {

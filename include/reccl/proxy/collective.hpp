@@ -4,7 +4,8 @@
 //
 // Buffers live in the window's symmetric region, at the same offset on every rank (copy
 // collectives write straight into the peers' outputs, reductions stage through the receive areas).
-// Each VT owns one contiguous block of every segment (equal split in 16-byte packs).
+// Each VT owns one contiguous block of every segment, sized by the call's shares (an Allocator's
+// output, equal by default) in whole 16-byte packs: the split moves bytes between VTs, never results.
 //
 //   all-gather, all-to-all, broadcast (3 steps per VT)
 //     step b  barrier: signal ready b+1 to every peer, wait for theirs (their outputs are free)
@@ -41,6 +42,7 @@
 #include "../device/primitives.hpp"
 #include "../error.hpp"
 #include "../host/error.hpp"
+#include "../policy/allocator/allocator.hpp"
 #include "../types.hpp"
 #include "copy_engine_group.hpp"
 #include "transport.hpp"
@@ -71,6 +73,10 @@ struct collective_args {
   std::int32_t root = 0;     ///< broadcast
   std::uint64_t timeout_ns = 10'000'000'000ull;  ///< deadline of every wait, from the kernel's start
   std::uint32_t slots = 0;   ///< set by proxy_collectives (its slot count; the same for every call)
+  /// Each VT's share of every segment (an Allocator's output; check() must accept it and its n_vts
+  /// must be the group's VT count), the same on every rank; a masked VT carries no bytes but still
+  /// takes part in every step. n_vts == 0: equal shares over all VTs.
+  reccl::shares vt_shares{};
 };
 
 namespace detail {
@@ -89,16 +95,12 @@ RECCL_HOST_DEVICE std::uint64_t segment_len(collective c, std::uint64_t count, s
   std::uint64_t const b = static_cast<std::uint64_t>(p) * seg;
   return count > b ? (count - b < seg ? count - b : seg) : 0;
 }
-/// VT vt's range [lo, hi) of a segment of `seg` elements: an equal split in packs.
-RECCL_HOST_DEVICE void vt_range(std::uint64_t seg, int pack, int vt, int n_vts, std::uint64_t& lo, std::uint64_t& hi) {
-  std::uint64_t const packs = ceil_div(seg, static_cast<std::uint64_t>(pack));
-  std::uint64_t const q = packs / static_cast<std::uint64_t>(n_vts), r = packs % static_cast<std::uint64_t>(n_vts);
-  std::uint64_t const v = static_cast<std::uint64_t>(vt);
-  std::uint64_t const first = v * q + (v < r ? v : r), np = q + (v < r ? 1 : 0);
-  lo = first * static_cast<std::uint64_t>(pack);
-  hi = (first + np) * static_cast<std::uint64_t>(pack);
-  if (lo > seg) lo = seg;
-  if (hi > seg) hi = seg;
+/// VT vt's range [lo, hi) of a segment of `seg` elements: its block of the split `s` describes, in
+/// whole packs (the last live VT also takes seg % pack).
+RECCL_HOST_DEVICE void vt_range(reccl::shares const& s, std::uint64_t seg, int pack, int vt, std::uint64_t& lo, std::uint64_t& hi) {
+  reccl::split const sp = reccl::to_split(s, seg, static_cast<std::uint64_t>(pack));
+  lo = sp.offset(vt);
+  hi = lo + sp.count[vt];
 }
 /// Elements of slot capacity (a multiple of the pack).
 RECCL_HOST_DEVICE std::uint64_t slot_elems(std::uint64_t area_bytes, std::uint32_t slots, std::uint64_t es, int pack) {
@@ -160,7 +162,7 @@ __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args
   constexpr std::uint64_t es = sizeof(T);
   int const me = h.rank, n = h.layout.nranks;
   std::uint64_t lo = 0, hi = 0;
-  vt_range(seg, V, vt, h.layout.n_vts, lo, hi);
+  vt_range(a.vt_shares, seg, V, vt, lo, hi);
   std::uint64_t const S = slot_elems(h.layout.area_bytes, a.slots, es, V);
   std::uint64_t const slot_bytes = h.layout.area_bytes / a.slots;
   rounds = hi > lo ? ceil_div(hi - lo, S) : 0;
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
     if (ok && a.coll == collective::all_reduce) {
       // my reduced VT block into every peer's output
       std::uint64_t lo = 0, hi = 0;
-      vt_range(seg, V, vt, h.layout.n_vts, lo, hi);
+      vt_range(a.vt_shares, seg, V, vt, lo, hi);
       std::uint64_t const L = segment_len(a.coll, a.count, seg, me);
       std::uint64_t const plo = lo < L ? lo : L, phi = hi < L ? hi : L;
       std::uint64_t const val = ready0 + rounds + 1;
@@ -264,7 +266,7 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
   } else {
     // copies: in bytes; a.count is the segment's byte count here
     std::uint64_t lo = 0, hi = 0;
-    vt_range(a.count, 16, vt, h.layout.n_vts, lo, hi);
+    vt_range(a.vt_shares, a.count, 16, vt, lo, hi);
     std::uint64_t const nb = hi - lo;
     auto const* in = static_cast<char const*>(a.in);
     char* out = static_cast<char*>(a.out);
@@ -361,6 +363,7 @@ class proxy_collectives {
   void launch(int rank, collective_args a, cudaStream_t stream) {
     validate(rank, a);
     a.slots = slots_;
+    if (a.vt_shares.n_vts == 0) a.vt_shares = reccl::equal_shares(g_.layout().n_vts, reccl::all_live(g_.layout().n_vts));
     if (a.count == 0) return;
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
@@ -455,6 +458,8 @@ class proxy_collectives {
         bad("reduce-scatter output overlaps the input other than at this rank's segment");
     }
     if (static_cast<int>(a.op) > static_cast<int>(redop::avg)) bad("unknown op");
+    if (a.vt_shares.n_vts != 0 && (a.vt_shares.n_vts != L.n_vts || reccl::check(a.vt_shares) != status::ok))
+      bad("vt_shares: not a valid split of this group's " + std::to_string(L.n_vts) + " VTs");
   }
 
   copy_engine_group& g_;

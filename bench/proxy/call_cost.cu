@@ -1,0 +1,170 @@
+// reccl_call_cost -- what the copy-engine proxy's CUDA calls cost the proxy thread, and how long the
+// copies they issue take to complete, on one GPU (host side only: no kernel runs). For each way
+// the backend can issue a pass (see proxy/backend_copy_engine.hpp):
+//   issue_us     the CPU time of the call(s) that issue one put of --bytes and its 8-byte signal
+//   complete_us  from the start of issuing until an event recorded after them reports done
+//                (polled with cudaEventQuery, as the proxy does)
+// plus the cost of cudaEventRecord and of a cudaEventQuery that returns "not ready"/"done".
+// Medians of --reps.
+//
+//   reccl_call_cost [--bytes 1024] [--reps 2000] [-J out.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+void ck(cudaError_t e, char const* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"reccl_call_cost: the copy-engine proxy's CUDA calls, per call and to completion"};
+  std::uint64_t bytes = 1024;
+  int reps = 2000;
+  std::string json_out;
+  app.add_option("--bytes", bytes, "bytes per put");
+  app.add_option("--reps", reps, "repetitions per measure (the median is reported)");
+  app.add_option("-J,--json", json_out, "write the results as JSON");
+  CLI11_PARSE(app, argc, argv);
+  int ngpu = 0;
+  if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu < 1) {
+    std::printf("skipped: no GPU\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  char *src = nullptr, *dst = nullptr;
+  std::uint64_t* flag = nullptr;
+  ck(cudaMalloc(&src, bytes * 8), "cudaMalloc");
+  ck(cudaMalloc(&dst, bytes * 8), "cudaMalloc");
+  ck(cudaMalloc(&flag, 64), "cudaMalloc");
+  std::uint64_t* pinned = nullptr;
+  ck(cudaHostAlloc(&pinned, 4096, cudaHostAllocPortable), "cudaHostAlloc");
+  cudaStream_t s = nullptr;
+  ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaEvent_t ev = nullptr;
+  ck(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+
+  std::uint64_t value = 0;
+  // the ways of issuing `puts` puts and their signals (one per put, to distinct flags)
+  auto unbatched = [&](int puts) {
+    for (int i = 0; i < puts; ++i) {
+      ck(cudaMemcpyAsync(dst + i * bytes, src + i * bytes, bytes, cudaMemcpyDeviceToDevice, s), "put");
+      pinned[i] = ++value;
+      ck(cudaMemcpyAsync(flag + i, pinned + i, 8, cudaMemcpyHostToDevice, s), "signal");
+    }
+  };
+  auto batched = [&](int puts) {
+    void* d[8];
+    void const* sr[8];
+    std::size_t sz[8];
+    std::uint64_t vals[8];
+    for (int i = 0; i < puts; ++i) d[i] = dst + i * bytes, sr[i] = src + i * bytes, sz[i] = bytes;
+    cudaMemcpyAttributes a{};
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    a.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    std::size_t first = 0;
+    ck(cudaMemcpyBatchAsync(d, sr, sz, static_cast<std::size_t>(puts), &a, &first, 1, s), "batch puts");
+    for (int i = 0; i < puts; ++i) d[i] = flag + i, vals[i] = ++value, sr[i] = &vals[i], sz[i] = 8;
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+    a.flags = 0;
+    ck(cudaMemcpyBatchAsync(d, sr, sz, static_cast<std::size_t>(puts), &a, &first, 1, s), "batch signals");
+  };
+  struct row {
+    std::string name;
+    double issue_us, complete_us;
+  };
+  std::vector<row> rows;
+  auto measure = [&](std::string const& name, std::function<void()> const& issue) {
+    std::vector<double> is, cs;
+    for (int r = -20; r < reps; ++r) {
+      double const t0 = now_us();
+      issue();
+      double const t1 = now_us();
+      ck(cudaEventRecord(ev, s), "cudaEventRecord");
+      cudaError_t q;
+      while ((q = cudaEventQuery(ev)) == cudaErrorNotReady) {
+      }
+      ck(q, "cudaEventQuery");
+      double const t2 = now_us();
+      if (r >= 0) is.push_back(t1 - t0), cs.push_back(t2 - t0);
+    }
+    rows.push_back({name, median(is), median(cs)});
+  };
+  measure("unbatched, 1 put + signal", [&] { unbatched(1); });
+  measure("batched, 1 put + signal", [&] { batched(1); });
+  measure("unbatched, 8 puts + signals", [&] { unbatched(8); });
+  measure("batched, 8 puts + signals", [&] { batched(8); });
+  measure("put only (cudaMemcpyAsync)", [&] { ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "put"); });
+  measure("signal only (batched, DuringApiCall)", [&] {
+    std::uint64_t v = ++value;
+    void* d = flag;
+    void const* sr = &v;
+    std::size_t sz = 8, first = 0;
+    cudaMemcpyAttributes a{};
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+    ck(cudaMemcpyBatchAsync(&d, &sr, &sz, 1, &a, &first, 1, s), "signal");
+  });
+  // event calls alone
+  std::vector<double> rec, qdone;
+  for (int r = 0; r < reps; ++r) {
+    double const t0 = now_us();
+    ck(cudaEventRecord(ev, s), "cudaEventRecord");
+    double const t1 = now_us();
+    ck(cudaEventSynchronize(ev), "cudaEventSynchronize");
+    double const t2 = now_us();
+    ck(cudaEventQuery(ev), "cudaEventQuery");
+    double const t3 = now_us();
+    rec.push_back(t1 - t0);
+    qdone.push_back(t3 - t2);
+    (void)t2;
+  }
+
+  std::printf("reccl_call_cost (%s; %llu-byte puts, device to device on one GPU; medians of %d)\n", prop.name,
+              static_cast<unsigned long long>(bytes), reps);
+  std::printf("%-40s %10s %12s\n", "issue", "issue_us", "complete_us");
+  for (auto const& r : rows) std::printf("%-40s %10.2f %12.2f\n", r.name.c_str(), r.issue_us, r.complete_us);
+  std::printf("%-40s %10.2f\n", "cudaEventRecord", median(rec));
+  std::printf("%-40s %10.2f\n", "cudaEventQuery (done)", median(qdone));
+  if (!json_out.empty()) {
+    nlohmann::json J;
+    J["bench"] = "reccl_call_cost";
+    J["gpu"] = prop.name;
+    J["bytes"] = bytes;
+    J["reps"] = reps;
+    for (auto const& r : rows) J["rows"].push_back({{"issue", r.name}, {"issue_us", r.issue_us}, {"complete_us", r.complete_us}});
+    J["event_record_us"] = median(rec);
+    J["event_query_done_us"] = median(qdone);
+    std::ofstream(json_out) << J.dump(2) << "\n";
+  }
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(s);
+  cudaFreeHost(pinned);
+  cudaFree(src);
+  cudaFree(dst);
+  cudaFree(flag);
+  return 0;
+}
