@@ -237,10 +237,11 @@ if has proxy-ab; then
   if [[ "$AB" == *" flood "* ]]; then
     # kernels loaded before the runs (the default), left to lazy loading, lazy but CUDA_MODULE_LOADING=EAGER
     log "the flood of 8192 (twice the queue) and of 16384"
-    for v in "loaded:" "lazy:--lazy" "lazy-solo:--lazy --solo" "eager-env:--lazy" "loaded-16k:--posts 16384" "loaded-unbatched:--unbatched"; do
+    for v in "loaded:--posts 8192" "lazy:--posts 8192 --lazy" "lazy-solo:--posts 8192 --lazy --solo" "eager-env:--posts 8192 --lazy" \
+             "loaded-16k:--posts 16384" "loaded-unbatched:--posts 8192 --unbatched"; do
       name=${v%%:*} args=${v#*:}
       env=$([[ $name == eager-env ]] && echo CUDA_MODULE_LOADING=EAGER)
-      timeout 90 env $env "$PXC" --posts 8192 --reps 1 --iters 100 $args -J "$OUT/ab_flood_$name.json" >"$OUT/ab_flood_$name.txt" 2>&1
+      timeout 90 env $env "$PXC" --reps 1 --iters 100 $args -J "$OUT/ab_flood_$name.json" >"$OUT/ab_flood_$name.txt" 2>&1
       rc=$?; SUMMARY+=("flood $name: rc=$rc  $(grep -E 'signals posted|failed' "$OUT/ab_flood_$name.txt" | head -1 | cut -c1-200)")
     done
   fi

@@ -4,8 +4,11 @@
 //   issue_us     the CPU time of the call(s) that issue one put of --bytes and its 8-byte signal
 //   complete_us  from the start of issuing until an event recorded after them reports done
 //                (polled with cudaEventQuery, as the proxy does)
-// plus the cost of cudaEventRecord and of a cudaEventQuery that returns "not ready"/"done".
-// Medians of --reps.
+// plus the cost of cudaEventRecord and of a cudaEventQuery that returns "done". Medians of --reps.
+// Then whether a device-to-device copy needs SMs: a 64 MiB cudaMemcpyAsync alone, and issued while
+// a kernel holds every SM (as many spinning 1,024-thread CTAs as fit) for 50 ms; a copy
+// that finishes long before the kernel ran on the copy engines, one that finishes only after it
+// waited for SMs.
 //
 //   reccl_call_cost [--bytes 1024] [--reps 2000] [-J out.json]
 #include <cuda_runtime.h>
@@ -17,6 +20,8 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +37,14 @@ void ck(cudaError_t e, char const* what) {
 }
 double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// Holds its SM for `ns` nanoseconds (launched with enough CTAs to fill every SM).
+__global__ void sm_hog(unsigned long long ns) {
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
 }
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -143,12 +156,47 @@ int main(int argc, char** argv) {
     (void)t2;
   }
 
+  // ---- does a device-to-device copy need SMs?
+  std::uint64_t const big = 64ull << 20;
+  char *bs = nullptr, *bd = nullptr;
+  ck(cudaMalloc(&bs, big), "cudaMalloc");
+  ck(cudaMalloc(&bd, big), "cudaMalloc");
+  cudaStream_t hs = nullptr;
+  ck(cudaStreamCreateWithFlags(&hs, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaEvent_t c0, c1;
+  ck(cudaEventCreate(&c0), "cudaEventCreate");
+  ck(cudaEventCreate(&c1), "cudaEventCreate");
+  auto copy_ms = [&](bool busy) {
+    int per_sm = 0;
+    ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm_hog, 1024, 0), "occupancy");
+    if (busy) {
+      sm_hog<<<prop.multiProcessorCount * per_sm, 1024, 0, hs>>>(50'000'000ull);
+      ck(cudaGetLastError(), "sm_hog");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the hog holds every SM by now
+    }
+    double const t0 = now_us();
+    ck(cudaEventRecord(c0, s), "cudaEventRecord");
+    ck(cudaMemcpyAsync(bd, bs, big, cudaMemcpyDeviceToDevice, s), "copy");
+    ck(cudaEventRecord(c1, s), "cudaEventRecord");
+    ck(cudaEventSynchronize(c1), "cudaEventSynchronize");
+    double const host_ms = (now_us() - t0) / 1e3;
+    ck(cudaStreamSynchronize(hs), "hog");
+    float gpu_ms = 0;
+    ck(cudaEventElapsedTime(&gpu_ms, c0, c1), "cudaEventElapsedTime");
+    return std::pair<double, double>{host_ms, gpu_ms};
+  };
+  copy_ms(false);  // warm-up
+  auto const alone = copy_ms(false);
+  auto const beside = copy_ms(true);
+
   std::printf("reccl_call_cost (%s; %llu-byte puts, device to device on one GPU; medians of %d)\n", prop.name,
               static_cast<unsigned long long>(bytes), reps);
   std::printf("%-40s %10s %12s\n", "issue", "issue_us", "complete_us");
   for (auto const& r : rows) std::printf("%-40s %10.2f %12.2f\n", r.name.c_str(), r.issue_us, r.complete_us);
   std::printf("%-40s %10.2f\n", "cudaEventRecord", median(rec));
   std::printf("%-40s %10.2f\n", "cudaEventQuery (done)", median(qdone));
+  std::printf("64 MiB device-to-device copy: alone %.3f ms; issued 5 ms into a 50 ms kernel holding every SM: done %.3f ms after issue"
+              " (%s)\n", alone.first, beside.first, beside.first < 25 ? "copy engines: no SM needed" : "it waited for SMs");
   if (!json_out.empty()) {
     nlohmann::json J;
     J["bench"] = "reccl_call_cost";
@@ -158,6 +206,8 @@ int main(int argc, char** argv) {
     for (auto const& r : rows) J["rows"].push_back({{"issue", r.name}, {"issue_us", r.issue_us}, {"complete_us", r.complete_us}});
     J["event_record_us"] = median(rec);
     J["event_query_done_us"] = median(qdone);
+    J["copy_64MiB_alone_ms"] = alone.first;
+    J["copy_64MiB_beside_sm_hog_ms"] = beside.first;
     std::ofstream(json_out) << J.dump(2) << "\n";
   }
   cudaEventDestroy(ev);

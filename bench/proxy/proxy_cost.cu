@@ -6,7 +6,7 @@
 //             with a signal on the last) as fast as its queue takes them; the time from the launch
 //             until rank 1's kernel saw the last one
 //
-//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 3000] [--unbatched]
+//   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 8192] [--unbatched]
 //                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [--lazy] [-J out.json]
 #include <cuda_runtime.h>
 
@@ -92,7 +92,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"reccl_proxy_cost: latency and post rate of the copy-engine proxy"};
   int iters = 2000, reps = 5;
-  std::uint64_t bytes = 1024, posts = 3000;
+  std::uint64_t bytes = 1024, posts = 8192;  // twice the queue: the producer also waits for room
   std::string json_out;
   bool solo = false;
   unsigned await_sleep_ns = 0;

@@ -29,11 +29,19 @@
 // Faults: every wait has the collective's deadline; the first failed wait or queue error of a rank
 // is recorded (status, VT, peer, step) and that VT's CTA stops. The rank's counters are then out of
 // step with its peers: the group must be rebuilt before the next collective.
+//
+// Module loading: a kernel that runs beside a proxy collective must be loaded before the collective
+// starts. Under lazy loading (CUDA's default since 12.2) a kernel's first launch loads its module,
+// which waits for the kernels already running, and the proxy threads' CUDA calls wait with it: a
+// collective that needs its proxy then stalls until its deadline (measured: bench/NOTES.md 22). The
+// collectives' own kernels are loaded when proxy_collectives is constructed; load the others with
+// cudaFuncGetAttributes, or run with CUDA_MODULE_LOADING=EAGER.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -345,6 +353,7 @@ class proxy_collectives {
       RECCL_CUDA_CHECK(cudaSetDevice(g.memory(r).device));
       RECCL_CUDA_CHECK(cudaMalloc(&state_[static_cast<std::size_t>(r)], sizeof(collective_state)));
       RECCL_CUDA_CHECK(cudaMemset(state_[static_cast<std::size_t>(r)], 0, sizeof(collective_state)));
+      load_kernels();  // on every rank's GPU: a lazy load at a launch would stall the proxies (file comment)
     }
     RECCL_CUDA_CHECK(cudaSetDevice(cur));
   }
@@ -409,6 +418,9 @@ class proxy_collectives {
           *message = "rank " + std::to_string(r) + " VT " + std::to_string(s.fault_vt) + ": " +
                      std::string(name(static_cast<status>(s.fault_status))) + " waiting for rank " + std::to_string(s.fault_peer) +
                      " (step " + std::to_string(s.fault_step) + ")";
+        if (message && static_cast<status>(s.fault_status) == status::timeout && lazy_module_loading())
+          *message += " (CUDA loads modules lazily here: a kernel loaded while the collective ran stalls the proxy; "
+                      "load such kernels first or set CUDA_MODULE_LOADING=EAGER)";
         return static_cast<status>(s.fault_status);
       }
     }
@@ -417,6 +429,12 @@ class proxy_collectives {
       return g_.error();
     }
     return status::ok;
+  }
+  /// Whether CUDA loads modules lazily in this process (CUDA_MODULE_LOADING unset or LAZY): then
+  /// every kernel that may run beside a collective must be loaded first (see the file comment).
+  static bool lazy_module_loading() {
+    char const* m = std::getenv("CUDA_MODULE_LOADING");
+    return m == nullptr || std::string(m) != "EAGER";
   }
 
   /// Bytes one output of `a` spans on a rank (for allocating buffers in the symmetric region).
@@ -460,6 +478,18 @@ class proxy_collectives {
     if (static_cast<int>(a.op) > static_cast<int>(redop::avg)) bad("unknown op");
     if (a.vt_shares.n_vts != 0 && (a.vt_shares.n_vts != L.n_vts || reccl::check(a.vt_shares) != status::ok))
       bad("vt_shares: not a valid split of this group's " + std::to_string(L.n_vts) + " VTs");
+  }
+
+  // cudaFuncGetAttributes loads a kernel's module on the current GPU.
+  static void load_kernels() {
+    cudaFuncAttributes fa{};
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<device::raw_byte>));
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<std::int32_t>));
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<std::int64_t>));
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<__half>));
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<__nv_bfloat16>));
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<float>));
+    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<double>));
   }
 
   copy_engine_group& g_;
