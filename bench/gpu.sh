@@ -228,8 +228,8 @@ if has proxy-ab; then
   AB=" ${AB_PARTS:-cost flood sysmem calls perf} "
   if [[ "$AB" == *" cost "* ]]; then
     log "proxy submission A/B: reccl_proxy_cost"
-    for mode in batched unbatched; do
-      flag=$([[ $mode == unbatched ]] && echo --unbatched)
+    for mode in batched unbatched inline; do
+      flag=$([[ $mode == unbatched ]] && echo --unbatched; [[ $mode == inline ]] && echo --inline)
       timeout 120 "$PXC" $flag -J "$OUT/ab_cost_$mode.json" >"$OUT/ab_cost_$mode.txt" 2>&1
       rc=$?; SUMMARY+=("proxy cost $mode: rc=$rc  $(grep -E 'one-way|signals posted|puts of' "$OUT/ab_cost_$mode.txt" | tr -s ' ' | paste -sd';')")
     done

@@ -7,7 +7,8 @@
 //             until rank 1's kernel saw the last one
 //
 //   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 8192] [--unbatched]
-//                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [--lazy] [-J out.json]
+//                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [--lazy] [--inline]
+//                    [-J out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ namespace {
 constexpr std::uint64_t second = 1'000'000'000;
 
 // Round trips: rank 0 puts + signals value base+i, rank 1 waits for it and answers with the same.
-__global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64_t base, std::uint64_t bytes,
+__global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64_t base, std::uint64_t bytes, bool inl,
                           unsigned long long* ns, int* err) {
   if (threadIdx.x != 0) return;
   std::uint64_t const dl = reccl::proxy::clock_ns() + 30 * second;
@@ -40,7 +41,8 @@ __global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64
   for (int i = 1; i <= iters; ++i) {
     std::uint64_t const v = base + static_cast<std::uint64_t>(i);
     if (!first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) { *err = 1; return; }
-    h.put_with_signal(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
+    if (inl) h.put_inline(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
+    else h.put_with_signal(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
     if (first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) { *err = 1; return; }
   }
   *ns = reccl::proxy::clock_ns() - t0;
@@ -98,11 +100,13 @@ int main(int argc, char** argv) {
   unsigned await_sleep_ns = 0;
   bool unbatched = false;
   bool lazy = false;
+  bool inl = false;
   std::uint32_t full_backoff_ns = 0;
   app.add_option("--iters", iters, "round trips per latency run");
   app.add_flag("--solo", solo, "post-rate runs: launch the waiter only after the producer finished");
   app.add_option("--await_sleep_ns", await_sleep_ns, "post-rate runs: the waiter sleeps this long between polls (0: the transport's wait)");
   app.add_flag("--unbatched", unbatched, "the backend issues one CUDA call per copy and per signal (the way before batching)");
+  app.add_flag("--inline", inl, "latency runs: the put carries its bytes in the queue (put_inline, at most 1024 B)");
   app.add_flag("--lazy", lazy, "do not load the kernels before the runs (the flood then stalls under lazy module loading; NOTES 24)");
   app.add_option("--full_backoff_ns", full_backoff_ns, "the producer's sleep between polls of a full queue");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
@@ -181,7 +185,7 @@ int main(int argc, char** argv) {
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
     for (int r = 0; r < 2; ++r) {
       ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
-      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, ns + r, err);  // err 1
+      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, inl, ns + r, err);  // err 1
       ck(cudaGetLastError(), "launch ping_pong");
     }
     sync();
@@ -217,7 +221,8 @@ int main(int argc, char** argv) {
   std::printf("reccl_proxy_cost (%s, %s; copy-engine backend, %s, one proxy thread per rank)\n", prop.name, where.c_str(),
               unbatched ? "a CUDA call per copy and signal" : "a pass's copies and signals batched");
   std::printf("%-44s %12s %10s\n", "measure", "value", "target");
-  std::printf("%-44s %9.2f us %10s\n", ("one-way put (" + std::to_string(bytes) + " B) + signal").c_str(), lat_us, "<= 10 us");
+  std::printf("%-44s %9.2f us %10s\n", ((inl ? "one-way inline put (" : "one-way put (") + std::to_string(bytes) + " B) + signal").c_str(),
+              lat_us, "<= 10 us");
   std::printf("%-44s %10.0f /s %10s\n", "signals posted and delivered", sig_rate, ">= 500000");
   std::printf("%-44s %10.0f /s %10s\n", ("puts of " + std::to_string(bytes) + " B posted and delivered").c_str(), put_rate, "");
   if (!json_out.empty()) {
@@ -235,6 +240,7 @@ int main(int argc, char** argv) {
     J["solo"] = solo;
     J["full_backoff_ns"] = full_backoff_ns;
     J["kernels_loaded_first"] = !lazy;
+    J["latency_put"] = inl ? "put_inline" : "put_with_signal";
     std::ofstream(json_out) << J.dump(2) << "\n";
   }
   for (auto x : s) cudaStreamDestroy(x);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,6 +35,22 @@ __global__ void exchange(handle h, int peer, int rounds, std::uint64_t* status_o
     std::uint64_t const n = 1000 + 136 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(vt);
     h.put_with_signal(vt, peer, off, h.send_area(vt, peer) + off, n, flag::ready, static_cast<std::uint64_t>(k + 1));
     off += n + 3;  // odd offsets: the copy engine takes any alignment
+  }
+  wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + 10 * second);
+  status_out[vt] = static_cast<std::uint64_t>(w.st);
+}
+
+// Inline puts: sizes 1 .. 1024 (odd ones too) from unaligned sources in my send area, each to the
+// peer's receive area at a running odd offset, with ready = round + 1.
+__host__ __device__ std::uint64_t inline_len(int k, int vt) { return 1 + (137 * static_cast<std::uint64_t>(k) + 29 * vt) % 1024; }
+__global__ void exchange_inline(handle h, int peer, int rounds, std::uint64_t* status_out) {
+  int const vt = static_cast<int>(blockIdx.x);
+  if (threadIdx.x != 0) return;
+  std::uint64_t off = 0;
+  for (int k = 0; k < rounds; ++k) {
+    std::uint64_t const n = inline_len(k, vt);
+    h.put_inline(vt, peer, off, h.send_area(vt, peer) + off + 1, n, flag::ready, static_cast<std::uint64_t>(k + 1));
+    off += n + 3;
   }
   wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + 10 * second);
   status_out[vt] = static_cast<std::uint64_t>(w.st);
@@ -118,6 +135,59 @@ TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from 
     CHECK(wrong == 0);
     cudaFree(st);
   }
+}
+
+TEST_CASE("copy engine: inline puts from kernels carry random bytes of any size and alignment through the queue") {
+  REQUIRE_GPU();
+  copy_engine_config cfg;
+  cfg.nranks = 2;
+  cfg.n_vts = 3;
+  cfg.area_bytes = 256 << 10;
+  cfg.queue_capacity = 256;  // 17 records per 1 KiB put: the ring wraps many times
+  copy_engine_group g(cfg);
+  window_layout const& L = g.layout();
+  int const R = 200;  // ~100 KiB per VT and peer, inside the area
+  std::mt19937_64 rng(8);
+  std::vector<std::vector<unsigned char>> win(2, std::vector<unsigned char>(L.window_bytes()));
+  for (int r = 0; r < 2; ++r) {
+    for (auto& b : win[r]) b = static_cast<unsigned char>(rng());
+    REQUIRE(cudaMemcpy(g.memory(r).window, win[r].data(), L.window_bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  std::uint64_t* st = nullptr;
+  REQUIRE(cudaMallocManaged(&st, sizeof(std::uint64_t) * 8) == cudaSuccess);
+  for (int i = 0; i < 8; ++i) st[i] = 99;
+  std::vector<cudaStream_t> s(2);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
+    exchange_inline<<<cfg.n_vts, 32, 0, s[r]>>>(g.handle(r), 1 - r, R, st + 4 * r);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+  }
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cudaStreamSynchronize(s[r]) == cudaSuccess);
+    cudaStreamDestroy(s[r]);
+  }
+  std::string const msg = g.error_message();
+  CHECK_MESSAGE(g.error() == status::ok, msg);
+  for (int r = 0; r < 2; ++r)
+    for (int v = 0; v < cfg.n_vts; ++v) CHECK(st[4 * r + v] == static_cast<std::uint64_t>(status::ok));
+  long wrong = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<unsigned char> got(L.window_bytes());
+    REQUIRE(cudaMemcpy(got.data(), g.memory(r).window, L.window_bytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    int const src = 1 - r;
+    for (int v = 0; v < cfg.n_vts; ++v) {
+      std::uint64_t off = 0;
+      for (int k = 0; k < R; ++k) {
+        std::uint64_t const n = inline_len(k, v);
+        unsigned char const* want = win[src].data() + L.send_offset(v, r) + off + 1;
+        unsigned char const* have = got.data() + L.recv_offset(v, src) + off;
+        for (std::uint64_t i = 0; i < n; ++i) wrong += want[i] != have[i];
+        off += n + 3;
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  cudaFree(st);
 }
 
 TEST_CASE("copy engine: a bad request from a kernel fails its queue with a clear error, no hang") {

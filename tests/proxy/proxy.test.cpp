@@ -232,6 +232,39 @@ TEST_CASE("proxy: a symmetric put lands at the sender's offset in the peer's sym
   CHECK(g.error(1) == status::ok);  // the other VT's queue is untouched
 }
 
+TEST_CASE("proxy: inline puts deliver bytes from anywhere, in order with their signal, and bad ones fail the queue") {
+  world w(2, 2, 4096, 64);
+  handle const h = w.at(0);
+  std::mt19937_64 g(3);
+  // sources outside the window (a local vector, unaligned), sizes 0 .. 1024, each round signals
+  for (int round = 1; round <= 200; ++round) {
+    std::size_t const n = g() % (max_inline_bytes + 1);
+    std::vector<std::byte> src(n + 1);
+    fill(src.data() + 1, n, 0, 1, round % 2, round);
+    std::size_t const off = static_cast<std::size_t>(g() % (4096 - n + 1));
+    h.put_inline(round % 2, 1, off, src.data() + 1, n, flag::ready, static_cast<std::uint64_t>(round));
+    src.assign(src.size(), std::byte{0});  // the bytes were taken at the call: the source is free
+    REQUIRE(w.at(1).wait(round % 2, 0, flag::ready, static_cast<std::uint64_t>(round), clock_ns() + 5 * second).st == status::ok);
+    std::vector<std::byte> want(n);
+    fill(want.data(), n, 0, 1, round % 2, round);
+    CHECK(std::memcmp(w.windows[1].get() + w.layout.recv_offset(round % 2, 0) + off, want.data(), n) == 0);
+  }
+  // without a signal (value 0): lands, nothing raised
+  std::byte three[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
+  h.put_inline(0, 1, 0, three, 3);
+  h.signal(0, 1, flag::credit, 1);  // after it: the inline bytes have landed when this arrives
+  REQUIRE(w.at(1).wait(0, 0, flag::credit, 1, clock_ns() + 5 * second).st == status::ok);
+  CHECK(std::memcmp(w.windows[1].get() + w.layout.recv_offset(0, 0), three, 3) == 0);
+  CHECK(h.error(0) == status::ok);
+  CHECK(h.error(1) == status::ok);
+  // too many bytes for an inline put, or past the area: the VT's queue fails
+  std::vector<std::byte> big(max_inline_bytes + 1);
+  h.put_inline(0, 1, 0, big.data(), big.size());
+  CHECK(h.error(0) == status::invalid_argument);
+  h.put_inline(1, 1, 4000, big.data(), 200);
+  CHECK(h.error(1) == status::invalid_argument);
+}
+
 TEST_CASE("proxy: a wait with no signal times out at its deadline and counts spins") {
   world w(2, 1, 64, 4);
   std::uint64_t const t0 = clock_ns();

@@ -22,6 +22,10 @@
 // rate (bench/NOTES.md 23, 24). With `batched = false` (or a CUDA runtime older than 13.0) every
 // copy is its own cudaMemcpyAsync and every signal a copy from a pinned slot, in the same order.
 //
+// Inline puts (put_inline): the payload came through the queue; it is kept in host memory until
+// the pass is issued and joins the pass's copy batch with its source read during the call (~2 us
+// of driver time for the thread against ~6 us for a copy from the window; bench/NOTES.md 24).
+//
 // Ordering (what a peer may rely on): a signal is written only after the bytes of every put and
 // get to that peer handed to the backend before it have landed. A put handed over after a signal
 // may land before that signal (both are issued at the end of the same pass, copies first). No
@@ -117,6 +121,23 @@ class copy_engine_backend {
   status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset); }
   status get(work_request const& r) { return copy(r, r.peer, rank_, r.dst_offset, r.src_offset); }
 
+  /// An inline put: the payload (taken out of the queue by the proxy) is kept until the pass is
+  /// issued, then copied into the peer's window from host memory, read during the issuing call.
+  /// Needs the batched submission (CUDA 13): status::invalid_argument without it.
+  status put_inline(work_request const& r, std::span<std::byte const> payload) {
+    if (!ok_) return status::internal;
+    if (!batched_ || !valid_rank(r.peer) || payload.size() != r.bytes) return status::invalid_argument;
+    device_memory const& dst = ranks_[static_cast<std::size_t>(r.peer)];
+    if (!in_range(r.dst_offset, r.bytes, dst.window_bytes)) return status::invalid_argument;
+    if (r.bytes == 0) return status::ok;
+    lane& l = peers_[static_cast<std::size_t>(r.peer)];
+    l.inline_dsts.push_back(dst.window + r.dst_offset);
+    l.inline_at.push_back(l.inline_data.size());
+    l.inline_data.insert(l.inline_data.end(), payload.begin(), payload.end());
+    bytes_moved_ += r.bytes;
+    return status::ok;
+  }
+
   status signal(work_request const& r) {
     if (!ok_) return status::internal;
     if (!valid_rank(r.peer)) return status::invalid_argument;
@@ -171,16 +192,34 @@ class copy_engine_backend {
     std::vector<void const*> value_srcs;  ///< batched: &values[i], built at submit
     std::vector<std::size_t> value_sizes;
     std::uint64_t* slots = nullptr;       ///< unbatched: pinned sources of the signal copies
+    std::vector<void*> inline_dsts;        ///< this pass's inline puts: where each goes,
+    std::vector<std::size_t> inline_at;    ///< where its payload starts in inline_data
+    std::vector<std::byte> inline_data;
   };
 
   status submit(lane& l) {
+    std::size_t const n_device = l.dsts.size();
+    for (std::size_t i = 0; i < l.inline_dsts.size(); ++i) {  // inline puts join the batch, read during the call
+      std::size_t const end = i + 1 < l.inline_at.size() ? l.inline_at[i + 1] : l.inline_data.size();
+      l.dsts.push_back(l.inline_dsts[i]);
+      l.srcs.push_back(l.inline_data.data() + l.inline_at[i]);
+      l.sizes.push_back(end - l.inline_at[i]);
+    }
     if (!l.dsts.empty()) {
       if (batched_) {
-        cudaMemcpyAttributes attr{};
-        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-        if (!issue(batch(l.dsts.data(), l.srcs.data(), l.sizes.data(), l.dsts.size(), attr, l.stream), l, "cudaMemcpyBatchAsync (puts)"))
+        cudaMemcpyAttributes attr[2]{};
+        attr[0].srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // window bytes: read in stream order
+        attr[0].flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        attr[1].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;  // inline payloads
+        std::size_t idx[2] = {0, n_device};
+        std::size_t const n_attr = n_device == 0 || n_device == l.dsts.size() ? 1 : 2;
+        if (n_device == 0) attr[0] = attr[1];
+        if (!issue(batch(l.dsts.data(), l.srcs.data(), l.sizes.data(), l.dsts.size(), attr, idx, n_attr, l.stream), l,
+                   "cudaMemcpyBatchAsync (puts)"))
           return status::internal;
+        l.inline_dsts.clear();
+        l.inline_at.clear();
+        l.inline_data.clear();
       } else {
         for (std::size_t i = 0; i < l.dsts.size(); ++i)
           if (!issue(cudaMemcpyAsync(l.dsts[i], l.srcs[i], l.sizes[i], cudaMemcpyDefault, l.stream), l, "cudaMemcpyAsync (put)"))
@@ -198,7 +237,8 @@ class copy_engine_backend {
         l.value_sizes.assign(l.flags.size(), sizeof(std::uint64_t));
         cudaMemcpyAttributes attr{};
         attr.srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
-        if (!issue(batch(l.flags.data(), l.value_srcs.data(), l.value_sizes.data(), l.flags.size(), attr,
+        std::size_t first = 0;
+        if (!issue(batch(l.flags.data(), l.value_srcs.data(), l.value_sizes.data(), l.flags.size(), &attr, &first, 1,
                          l.stream),
                    l, "cudaMemcpyBatchAsync (signals)"))
           return status::internal;
@@ -226,13 +266,12 @@ class copy_engine_backend {
     ++submissions_;
     return true;
   }
-  static cudaError_t batch(void* const* dsts, void const* const* srcs, std::size_t const* sizes, std::size_t count, cudaMemcpyAttributes attr,
-                           cudaStream_t stream) {
+  static cudaError_t batch(void* const* dsts, void const* const* srcs, std::size_t const* sizes, std::size_t count, cudaMemcpyAttributes* attrs,
+                           std::size_t* attr_idx, std::size_t n_attrs, cudaStream_t stream) {
 #if CUDART_VERSION >= 13000
-    std::size_t first = 0;
-    return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &first, 1, stream);
+    return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attr_idx, n_attrs, stream);
 #else
-    (void)dsts, (void)srcs, (void)sizes, (void)count, (void)attr, (void)stream;
+    (void)dsts, (void)srcs, (void)sizes, (void)count, (void)attrs, (void)attr_idx, (void)n_attrs, (void)stream;
     return cudaErrorNotSupported;
 #endif
   }
@@ -296,6 +335,6 @@ class copy_engine_backend {
   std::uint64_t submissions_ = 0;
 };
 
-static_assert(Backend<copy_engine_backend>);
+static_assert(InlineBackend<copy_engine_backend>);
 
 }  // namespace reccl::proxy

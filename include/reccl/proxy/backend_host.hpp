@@ -52,6 +52,16 @@ class host_backend {
     return status::ok;
   }
 
+  /// An inline put: the payload the proxy took out of the queue, into the peer's window.
+  status put_inline(work_request const& r, std::span<std::byte const> payload) {
+    if (!valid_rank(r.peer) || payload.size() != r.bytes) return status::invalid_argument;
+    host_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
+    if (!in_range(r.dst_offset, r.bytes, peer.window_bytes)) return status::invalid_argument;
+    if (r.bytes != 0) std::memcpy(peer.window + r.dst_offset, payload.data(), r.bytes);
+    bytes_moved_ += r.bytes;
+    return status::ok;
+  }
+
   status signal(work_request const& r) {
     if (!valid_rank(r.peer)) return status::invalid_argument;
     host_memory const& peer = ranks_[static_cast<std::size_t>(r.peer)];
@@ -87,6 +97,6 @@ class host_backend {
   std::uint64_t bytes_moved_ = 0;
 };
 
-static_assert(Backend<host_backend>);
+static_assert(InlineBackend<host_backend>);
 
 }  // namespace reccl::proxy

@@ -62,6 +62,13 @@ concept Backend = requires(B& b, work_request const& r) {
   { b.poll_completions() } -> std::same_as<poll_result>;
 };
 
+/// A backend that also takes inline puts (work_request kind put_inline): the payload the proxy
+/// copied out of the ring, valid only during the call. The proxy signals afterwards (value != 0).
+template <class B>
+concept InlineBackend = Backend<B> && requires(B& b, work_request const& r, std::span<std::byte const> payload) {
+  { b.put_inline(r, payload) } -> std::same_as<status>;
+};
+
 /// Proxy thread tuning.
 struct proxy_config {
   std::uint32_t batch = 64;                        ///< most requests taken from one queue per pass
@@ -111,7 +118,7 @@ class proxy {
     for (std::size_t q = 0; q < queues_.size(); ++q) {
       if (queues_[q].ctl == nullptr) continue;
       work_request r;
-      for (std::uint32_t n = 0; n < cfg_.batch && queues_[q].try_pop(r); ++n) {
+      for (std::uint32_t n = 0; n < cfg_.batch && queues_[q].try_pop(r, payload_); ++n) {
         did = true;
         std::uint64_t const seq = issued_[q]++;
         if (failed_[q]) continue;  // discard: the producer already sees the queue's error
@@ -157,14 +164,23 @@ class proxy {
         return st != status::ok ? st : backend_.signal(r);
       }
       case request_kind::get: return backend_.get(r);
+      case request_kind::put_inline: {
+        if constexpr (InlineBackend<B>) {
+          status const st = backend_.put_inline(r, std::span<std::byte const>(payload_, r.bytes));
+          return st != status::ok || r.value == 0 ? st : backend_.signal(r);
+        } else {
+          return status::invalid_argument;  // this backend carries no inline puts
+        }
+      }
       default: return status::invalid_argument;
     }
   }
 
   static std::string describe(work_request const& r) {
-    static char const* const kinds[] = {"none", "put", "signal", "put_with_signal", "get"};
+    static char const* const kinds[] = {"none", "put", "signal", "put_with_signal", "get", "put_inline"};
     auto const k = static_cast<std::uint32_t>(r.kind);
-    std::string s = k < 5 ? kinds[k] : "unknown kind " + std::to_string(k);
+    std::string s = k < 6 ? kinds[k] : "unknown kind " + std::to_string(k);
+    if (r.kind == request_kind::put_inline && !InlineBackend<B>) s += " (this backend takes no inline puts)";
     s += " peer " + std::to_string(r.peer) + " src " + std::to_string(r.src_offset) + " dst " +
          std::to_string(r.dst_offset) + " bytes " + std::to_string(r.bytes) + " flag " +
          std::to_string(r.flag_index) + " value " + std::to_string(r.value);
@@ -210,6 +226,7 @@ class proxy {
   }
 
   B& backend_;
+  std::byte payload_[max_inline_bytes];  ///< the inline put being executed
   std::vector<work_queue_view> queues_;
   std::vector<std::uint64_t> issued_;
   std::vector<bool> failed_;

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../config.hpp"
@@ -54,7 +55,14 @@ enum class request_kind : std::uint32_t {
   signal = 2,           ///< publish value on peer's flag `flag_index` (ordered after my earlier puts to peer)
   put_with_signal = 3,  ///< put, then signal, as one request
   get = 4,              ///< copy bytes from peer's window at src_offset to my window at dst_offset
+  put_inline = 5,       ///< copy the `bytes` carried in the ring right after this request (inline_slots(bytes)
+                        ///< records) to peer's window at dst_offset; then signal as put_with_signal if value != 0
 };
+
+/// Most bytes a put_inline carries (16 ring records after its own).
+inline constexpr std::uint64_t max_inline_bytes = 1024;
+/// Ring records the payload of an inline put of `bytes` takes after its request.
+RECCL_HOST_DEVICE constexpr std::uint32_t inline_slots(std::uint64_t bytes) { return static_cast<std::uint32_t>((bytes + 63) / 64); }
 
 /// One fixed-size work request (64 bytes: one cache line, one PCIe write burst). Offsets are in
 /// window coordinates: every rank registers one window, and requests name bytes by offset in it.
@@ -96,6 +104,15 @@ RECCL_HOST_DEVICE work_request make_put_with_signal(int peer, std::uint64_t src_
                                                     std::uint64_t bytes, std::uint32_t flag_index, std::uint64_t value) {
   work_request r = make_put(peer, src_offset, dst_offset, bytes);
   r.kind = request_kind::put_with_signal;
+  r.flag_index = flag_index;
+  r.value = value;
+  return r;
+}
+/// Builds an inline put (the payload follows in the ring; push it with push_inline); value 0: no signal.
+RECCL_HOST_DEVICE work_request make_put_inline(int peer, std::uint64_t dst_offset, std::uint64_t bytes, std::uint32_t flag_index = 0,
+                                               std::uint64_t value = 0) {
+  work_request r = make_put(peer, 0, dst_offset, bytes);
+  r.kind = request_kind::put_inline;
   r.flag_index = flag_index;
   r.value = value;
   return r;
@@ -237,14 +254,11 @@ struct work_queue_view {
   // -- producer ---------------------------------------------------------------------------------
 
   /// One attempt: publishes r and returns true, or returns false if the ring is full.
-  RECCL_HOST_DEVICE bool try_push(work_request const& r) const {
-    if (cache != nullptr) return try_push_cached(r);
-    std::uint64_t const t = load_relaxed(&ctl->tail);  // only this producer writes tail
-    if (t - load_acquire(&ctl->head) >= capacity) return false;
-    ring[t & (capacity - 1)] = r;
-    store_release(&ctl->tail, t + 1);
-    return true;
-  }
+  RECCL_HOST_DEVICE bool try_push(work_request const& r) const { return try_push_records(r, nullptr); }
+  /// One attempt at an inline put: publishes r (kind put_inline, bytes <= max_inline_bytes) and the
+  /// `r.bytes` at `payload` in the records after it, all at once (one tail update); false if the
+  /// ring lacks room for them.
+  RECCL_HOST_DEVICE bool try_push_inline(work_request const& r, void const* payload) const { return try_push_records(r, payload); }
 
   /// Publishes r, polling a full ring until the absolute deadline (clock_ns()). Each unsuccessful
   /// poll is a stall, added to ctl->stalls. Fails fast with the queue's sticky error if one is set
@@ -252,14 +266,25 @@ struct work_queue_view {
   /// fills or a wait or flush returns it), and sets status::timeout as the sticky error if the
   /// deadline passes (the request is dropped; every later wait on what it would have delivered
   /// then times out too).
-  RECCL_HOST_DEVICE push_result push(work_request const& r, std::uint64_t deadline_ns) const {
+  RECCL_HOST_DEVICE push_result push(work_request const& r, std::uint64_t deadline_ns) const { return push_records(r, nullptr, deadline_ns); }
+  /// push for an inline put and its payload (see try_push_inline). An inline put larger than
+  /// max_inline_bytes, or than the ring can hold, fails the queue with status::invalid_argument.
+  RECCL_HOST_DEVICE push_result push_inline(work_request const& r, void const* payload, std::uint64_t deadline_ns) const {
+    if (r.kind != request_kind::put_inline || r.bytes > max_inline_bytes || 1 + inline_slots(r.bytes) > capacity) {
+      fail(status::invalid_argument);
+      return {status::invalid_argument, 0};
+    }
+    return push_records(r, payload, deadline_ns);
+  }
+  /// push and push_inline: r, and the payload after it if `payload` is not null.
+  RECCL_HOST_DEVICE push_result push_records(work_request const& r, void const* payload, std::uint64_t deadline_ns) const {
     push_result res;
     for (;;) {
       if (status const e = cached_or_queue_error(); e != status::ok) {
         res.st = e;
         break;
       }
-      if (try_push(r)) break;
+      if (try_push_records(r, payload)) break;
       if (cache != nullptr) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));  // full: look at the queue's error
       ++res.spins;
 #if defined(__CUDA_ARCH__)
@@ -307,12 +332,28 @@ struct work_queue_view {
 
   // -- consumer ---------------------------------------------------------------------------------
 
-  /// Copies the oldest request into `out` and frees its slot; false if the ring is empty.
-  RECCL_HOST_DEVICE bool try_pop(work_request& out) const {
+  /// Copies the oldest request into `out` and frees its slot; false if the ring is empty. An
+  /// inline put's payload goes to `payload` (max_inline_bytes of room; null: a queue that carries
+  /// no inline puts) and its records are freed with it. An inline put with no room given for its
+  /// payload comes out with kind `none` (a malformed request; its records are freed too), and so
+  /// does one whose size no producer writes (only its own record is freed).
+  RECCL_HOST_DEVICE bool try_pop(work_request& out, std::byte* payload = nullptr) const {
     std::uint64_t const h = load_relaxed(&ctl->head);  // only this consumer writes head
-    if (load_acquire(&ctl->tail) == h) return false;
+    std::uint64_t const t = load_acquire(&ctl->tail);
+    if (t == h) return false;
     out = ring[h & (capacity - 1)];
-    store_release(&ctl->head, h + 1);
+    std::uint64_t used = 1;
+    if (out.kind == request_kind::put_inline) {
+      std::uint64_t const k = inline_slots(out.bytes);
+      if (out.bytes > max_inline_bytes || t - h < 1 + k) {
+        out.kind = request_kind::none;  // a size no producer writes: only this record is freed
+      } else {
+        if (payload != nullptr) copy_payload_out(h + 1, payload, out.bytes);
+        else out.kind = request_kind::none;
+        used += k;  // the payload's records go with it either way
+      }
+    }
+    store_release(&ctl->head, h + used);
     return true;
   }
   /// Consumer: requests < n are complete.
@@ -333,25 +374,70 @@ struct work_queue_view {
   RECCL_HOST_DEVICE status cached_or_queue_error() const {
     return cache != nullptr ? static_cast<status>(cache->error) : get_error(&ctl->error);
   }
-  // The cached push: no read of the queue while the cached head says there is room. When it says
-  // the ring is full, head is reloaded (acquire: the slot's old record was copied out before the
-  // consumer published that head).
-  RECCL_HOST_DEVICE bool try_push_cached(work_request const& r) const {
-    producer_cache& c = *cache;
-    if (!c.valid) {
-      c.tail = load_relaxed(&ctl->tail);
-      c.head = load_acquire(&ctl->head);
-      c.valid = 1;
-    }
-    std::uint64_t const t = c.tail;
-    if (t - c.head >= capacity) {
-      c.head = load_acquire(&ctl->head);
-      if (t - c.head >= capacity) return false;
+  // One attempt to publish r (and, for an inline put, its payload in the records after it). With a
+  // producer cache, the queue is read only when the cached head says there is no room; then head
+  // is reloaded (acquire: the slots' old records were copied out before the consumer published
+  // that head).
+  RECCL_HOST_DEVICE bool try_push_records(work_request const& r, void const* payload) const {
+    std::uint64_t const n = payload != nullptr ? 1 + inline_slots(r.bytes) : 1;
+    std::uint64_t t = 0;
+    if (cache != nullptr) {
+      producer_cache& c = *cache;
+      if (!c.valid) {
+        c.tail = load_relaxed(&ctl->tail);
+        c.head = load_acquire(&ctl->head);
+        c.valid = 1;
+      }
+      t = c.tail;
+      if (t + n - c.head > capacity) {
+        c.head = load_acquire(&ctl->head);
+        if (t + n - c.head > capacity) return false;
+      }
+    } else {
+      t = load_relaxed(&ctl->tail);  // only this producer writes tail
+      if (t + n - load_acquire(&ctl->head) > capacity) return false;
     }
     ring[t & (capacity - 1)] = r;
-    store_release(&ctl->tail, t + 1);
-    c.tail = t + 1;
+    if (payload != nullptr) copy_payload_in(t + 1, static_cast<unsigned char const*>(payload), r.bytes);
+    store_release(&ctl->tail, t + n);
+    if (cache != nullptr) cache->tail = t + n;
     return true;
+  }
+  // The payload of `bytes` into the records from sequence number `seq` on (they may wrap). On the
+  // device in 16-byte stores (one PCIe write each for mapped memory), the source read byte by byte
+  // when it is not 16-byte aligned; the last record's tail is zero-filled.
+  RECCL_HOST_DEVICE void copy_payload_in(std::uint64_t seq, unsigned char const* src, std::uint64_t bytes) const {
+    for (std::uint64_t done = 0; done < bytes; done += 64, ++seq) {
+      auto* rec = reinterpret_cast<unsigned char*>(&ring[seq & (capacity - 1)]);
+      std::uint64_t const n = bytes - done < 64 ? bytes - done : 64;
+#if defined(__CUDA_ARCH__)
+      bool const aligned = (reinterpret_cast<std::uintptr_t>(src + done) & 15u) == 0;
+      for (std::uint64_t o = 0; o < 64; o += 16) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (aligned && o + 16 <= n) {
+          v = *reinterpret_cast<uint4 const*>(src + done + o);
+        } else {
+          auto* b = reinterpret_cast<unsigned char*>(&v);
+          for (std::uint64_t i = 0; i < 16 && o + i < n; ++i) b[i] = src[done + o + i];
+        }
+        *reinterpret_cast<uint4*>(rec + o) = v;
+      }
+#else
+      std::memcpy(rec, src + done, n);
+      if (n < 64) std::memset(rec + n, 0, 64 - n);
+#endif
+    }
+  }
+  RECCL_HOST_DEVICE void copy_payload_out(std::uint64_t seq, std::byte* dst, std::uint64_t bytes) const {
+    for (std::uint64_t done = 0; done < bytes; done += 64, ++seq) {
+      std::uint64_t const n = bytes - done < 64 ? bytes - done : 64;
+      auto const* rec = reinterpret_cast<std::byte const*>(&ring[seq & (capacity - 1)]);
+#if defined(__CUDA_ARCH__)
+      for (std::uint64_t i = 0; i < n; ++i) dst[done + i] = rec[i];
+#else
+      std::memcpy(dst + done, rec, n);
+#endif
+    }
   }
 };
 static_assert(std::is_trivially_copyable_v<work_queue_view>);
