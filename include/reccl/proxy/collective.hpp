@@ -419,8 +419,8 @@ class proxy_collectives {
                      std::string(name(static_cast<status>(s.fault_status))) + " waiting for rank " + std::to_string(s.fault_peer) +
                      " (step " + std::to_string(s.fault_step) + ")";
         if (message && static_cast<status>(s.fault_status) == status::timeout && lazy_module_loading())
-          *message += " (CUDA loads modules lazily here: a kernel loaded while the collective ran stalls the proxy; "
-                      "load such kernels first or set CUDA_MODULE_LOADING=EAGER)";
+          *message += " (CUDA loads modules lazily here: if a kernel was first launched while the collective ran, its load "
+                      "stalled the proxy; load such kernels first or set CUDA_MODULE_LOADING=EAGER)";
         return static_cast<status>(s.fault_status);
       }
     }
