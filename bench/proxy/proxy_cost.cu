@@ -8,6 +8,7 @@
 //
 //   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 8192] [--unbatched]
 //                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [--lazy] [--inline]
+//                    [--inline_warp]
 //                    [-J out.json]
 #include <cuda_runtime.h>
 
@@ -33,19 +34,27 @@ namespace {
 constexpr std::uint64_t second = 1'000'000'000;
 
 // Round trips: rank 0 puts + signals value base+i, rank 1 waits for it and answers with the same.
-__global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64_t base, std::uint64_t bytes, bool inl,
+// mode 0: put_with_signal; 1: put_inline (thread 0); 2: put_inline_warp (the first warp)
+__global__ void ping_pong(handle h, int peer, bool first, int iters, std::uint64_t base, std::uint64_t bytes, int mode,
                           unsigned long long* ns, int* err) {
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x >= 32 || (mode != 2 && threadIdx.x != 0)) return;
+  bool const lead = threadIdx.x == 0;
   std::uint64_t const dl = reccl::proxy::clock_ns() + 30 * second;
   std::uint64_t const t0 = reccl::proxy::clock_ns();
   for (int i = 1; i <= iters; ++i) {
     std::uint64_t const v = base + static_cast<std::uint64_t>(i);
-    if (!first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) { *err = 1; return; }
-    if (inl) h.put_inline(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
+    int bad = 0;
+    if (lead && !first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) bad = 1;
+    if (mode == 2) bad = __shfl_sync(0xffffffffu, bad, 0);
+    if (bad) { if (lead) *err = 1; return; }
+    if (mode == 2) h.put_inline_warp(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
+    else if (mode == 1) h.put_inline(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
     else h.put_with_signal(0, peer, 0, h.send_area(0, peer), bytes, flag::ready, v);
-    if (first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) { *err = 1; return; }
+    if (lead && first && h.wait(0, peer, flag::ready, v, dl).st != status::ok) bad = 1;
+    if (mode == 2) bad = __shfl_sync(0xffffffffu, bad, 0);
+    if (bad) { if (lead) *err = 1; return; }
   }
-  *ns = reccl::proxy::clock_ns() - t0;
+  if (lead) *ns = reccl::proxy::clock_ns() - t0;
 }
 
 // Rank 0 floods its queue: `posts` requests (signals, or puts with a signal on the last).
@@ -100,13 +109,14 @@ int main(int argc, char** argv) {
   unsigned await_sleep_ns = 0;
   bool unbatched = false;
   bool lazy = false;
-  bool inl = false;
+  bool inl = false, inl_warp = false;
   std::uint32_t full_backoff_ns = 0;
   app.add_option("--iters", iters, "round trips per latency run");
   app.add_flag("--solo", solo, "post-rate runs: launch the waiter only after the producer finished");
   app.add_option("--await_sleep_ns", await_sleep_ns, "post-rate runs: the waiter sleeps this long between polls (0: the transport's wait)");
   app.add_flag("--unbatched", unbatched, "the backend issues one CUDA call per copy and per signal (the way before batching)");
   app.add_flag("--inline", inl, "latency runs: the put carries its bytes in the queue (put_inline, at most 1024 B)");
+  app.add_flag("--inline_warp", inl_warp, "latency runs: put_inline by a whole warp (the payload written 32 pieces at a time)");
   app.add_flag("--lazy", lazy, "do not load the kernels before the runs (the flood then stalls under lazy module loading; NOTES 24)");
   app.add_option("--full_backoff_ns", full_backoff_ns, "the producer's sleep between polls of a full queue");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
@@ -185,7 +195,7 @@ int main(int argc, char** argv) {
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
     for (int r = 0; r < 2; ++r) {
       ck(cudaSetDevice(g.memory(r).device), "cudaSetDevice");
-      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, inl, ns + r, err);  // err 1
+      ping_pong<<<1, 32, 0, s[r]>>>(g.handle(r), 1 - r, r == 0, iters, base, bytes, inl_warp ? 2 : inl ? 1 : 0, ns + r, err);  // err 1
       ck(cudaGetLastError(), "launch ping_pong");
     }
     sync();
@@ -221,7 +231,7 @@ int main(int argc, char** argv) {
   std::printf("reccl_proxy_cost (%s, %s; copy-engine backend, %s, one proxy thread per rank)\n", prop.name, where.c_str(),
               unbatched ? "a CUDA call per copy and signal" : "a pass's copies and signals batched");
   std::printf("%-44s %12s %10s\n", "measure", "value", "target");
-  std::printf("%-44s %9.2f us %10s\n", ((inl ? "one-way inline put (" : "one-way put (") + std::to_string(bytes) + " B) + signal").c_str(),
+  std::printf("%-44s %9.2f us %10s\n", ((inl_warp ? "one-way warp inline put (" : inl ? "one-way inline put (" : "one-way put (") + std::to_string(bytes) + " B) + signal").c_str(),
               lat_us, "<= 10 us");
   std::printf("%-44s %10.0f /s %10s\n", "signals posted and delivered", sig_rate, ">= 500000");
   std::printf("%-44s %10.0f /s %10s\n", ("puts of " + std::to_string(bytes) + " B posted and delivered").c_str(), put_rate, "");
@@ -240,7 +250,7 @@ int main(int argc, char** argv) {
     J["solo"] = solo;
     J["full_backoff_ns"] = full_backoff_ns;
     J["kernels_loaded_first"] = !lazy;
-    J["latency_put"] = inl ? "put_inline" : "put_with_signal";
+    J["latency_put"] = inl_warp ? "put_inline_warp" : inl ? "put_inline" : "put_with_signal";
     std::ofstream(json_out) << J.dump(2) << "\n";
   }
   for (auto x : s) cudaStreamDestroy(x);

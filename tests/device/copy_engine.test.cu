@@ -43,15 +43,22 @@ __global__ void exchange(handle h, int peer, int rounds, std::uint64_t* status_o
 // Inline puts: sizes 1 .. 1024 (odd ones too) from unaligned sources in my send area, each to the
 // peer's receive area at a running odd offset, with ready = round + 1.
 __host__ __device__ std::uint64_t inline_len(int k, int vt) { return 1 + (137 * static_cast<std::uint64_t>(k) + 29 * vt) % 1024; }
-__global__ void exchange_inline(handle h, int peer, int rounds, std::uint64_t* status_out) {
+// warp: the first warp of the CTA puts together (put_inline_warp), alternating with thread 0 alone
+__global__ void exchange_inline(handle h, int peer, int rounds, bool warp, std::uint64_t* status_out) {
   int const vt = static_cast<int>(blockIdx.x);
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x >= 32 || (!warp && threadIdx.x != 0)) return;
   std::uint64_t off = 0;
   for (int k = 0; k < rounds; ++k) {
     std::uint64_t const n = inline_len(k, vt);
-    h.put_inline(vt, peer, off, h.send_area(vt, peer) + off + 1, n, flag::ready, static_cast<std::uint64_t>(k + 1));
+    if (warp && k % 2 == 0) {
+      h.put_inline_warp(vt, peer, off, h.send_area(vt, peer) + off + 1, n, flag::ready, static_cast<std::uint64_t>(k + 1));
+    } else if (threadIdx.x == 0) {
+      h.put_inline(vt, peer, off, h.send_area(vt, peer) + off + 1, n, flag::ready, static_cast<std::uint64_t>(k + 1));
+    }
+    if (warp) __syncwarp();
     off += n + 3;
   }
+  if (threadIdx.x != 0) return;
   wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + 10 * second);
   status_out[vt] = static_cast<std::uint64_t>(w.st);
 }
@@ -137,13 +144,15 @@ TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from 
   }
 }
 
-TEST_CASE("copy engine: inline puts from kernels carry random bytes of any size and alignment through the queue") {
+TEST_CASE("copy engine: inline puts from kernels (one thread, or a warp) carry random bytes of any size and alignment through the queue") {
   REQUIRE_GPU();
   copy_engine_config cfg;
   cfg.nranks = 2;
   cfg.n_vts = 3;
   cfg.area_bytes = 256 << 10;
   cfg.queue_capacity = 256;  // 17 records per 1 KiB put: the ring wraps many times
+  for (bool warp : {false, true}) {
+  CAPTURE(warp);
   copy_engine_group g(cfg);
   window_layout const& L = g.layout();
   int const R = 200;  // ~100 KiB per VT and peer, inside the area
@@ -159,7 +168,7 @@ TEST_CASE("copy engine: inline puts from kernels carry random bytes of any size 
   std::vector<cudaStream_t> s(2);
   for (int r = 0; r < 2; ++r) {
     REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
-    exchange_inline<<<cfg.n_vts, 32, 0, s[r]>>>(g.handle(r), 1 - r, R, st + 4 * r);
+    exchange_inline<<<cfg.n_vts, 64, 0, s[r]>>>(g.handle(r), 1 - r, R, warp, st + 4 * r);
     REQUIRE(cudaGetLastError() == cudaSuccess);
   }
   for (int r = 0; r < 2; ++r) {
@@ -188,6 +197,7 @@ TEST_CASE("copy engine: inline puts from kernels carry random bytes of any size 
   }
   CHECK(wrong == 0);
   cudaFree(st);
+  }
 }
 
 TEST_CASE("copy engine: a bad request from a kernel fails its queue with a clear error, no hang") {

@@ -135,6 +135,24 @@ struct proxy {
                              src, reccl::proxy::clock_ns() + push_timeout_ns);
     }
 
+#if defined(__CUDACC__)
+    /// put_inline by a whole warp: every lane calls it with the same arguments (converged), and the
+    /// lanes write the payload into the queue 32 pieces at a time (work_queue_view::push_inline_warp).
+    __device__ void put_inline_warp(int vt, int peer, std::size_t offset, void const* src, std::size_t bytes, flag f = flag::ready,
+                                    std::uint64_t value = 0) const {
+      if (vt < 0 || vt >= layout.n_vts) return;
+      if (peer < 0 || peer >= layout.nranks || offset > layout.area_bytes || bytes > layout.area_bytes - offset ||
+          bytes > reccl::proxy::max_inline_bytes || (src == nullptr && bytes != 0)) {
+        if ((threadIdx.x & 31u) == 0) queues[vt].fail(status::invalid_argument);
+        __syncwarp();
+        return;
+      }
+      queues[vt].push_inline_warp(reccl::proxy::make_put_inline(peer, layout.recv_offset(vt, rank) + offset, bytes,
+                                                                layout.flag_index(vt, rank, f), value),
+                                  src, reccl::proxy::clock_ns() + push_timeout_ns);
+    }
+#endif
+
     /// Queues a copy of `bytes` at `src` (inside my window) to peer's window at the offset that
     /// `dst` has in mine (`dst` inside my symmetric region: every rank holds its buffers there at
     /// the same offsets); peer == rank is a local copy. Asynchronous like put(). A range outside

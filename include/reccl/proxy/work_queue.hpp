@@ -278,13 +278,74 @@ struct work_queue_view {
   }
   /// push and push_inline: r, and the payload after it if `payload` is not null.
   RECCL_HOST_DEVICE push_result push_records(work_request const& r, void const* payload, std::uint64_t deadline_ns) const {
+    std::uint64_t const n = payload != nullptr ? 1 + inline_slots(r.bytes) : 1;
+    std::uint64_t t = 0;
+    push_result const res = reserve(n, deadline_ns, t);
+    if (res.st != status::ok) return res;
+    ring[t & (capacity - 1)] = r;
+    if (payload != nullptr) copy_payload_in(t + 1, static_cast<unsigned char const*>(payload), r.bytes);
+    publish(t, n);
+    return res;
+  }
+
+#if defined(__CUDACC__)
+  /// push_inline by a whole warp: every lane of the calling warp calls it with the same arguments
+  /// (converged), and the lanes write the payload's 16-byte pieces into the ring side by side, 32
+  /// at a time instead of one thread writing them all. Lane 0 waits for room and publishes. The
+  /// result is the same on every lane.
+  __device__ push_result push_inline_warp(work_request const& r, void const* payload, std::uint64_t deadline_ns) const {
+    unsigned const lane = threadIdx.x & 31u;
+    std::uint64_t const n = 1 + inline_slots(r.bytes);
+    push_result res;
+    std::uint64_t t = 0;
+    if (lane == 0) {
+      if (r.kind != request_kind::put_inline || r.bytes > max_inline_bytes || n > capacity) {
+        fail(status::invalid_argument);
+        res.st = status::invalid_argument;
+      } else {
+        res = reserve(n, deadline_ns, t);
+      }
+    }
+    res.st = static_cast<status>(__shfl_sync(0xffffffffu, static_cast<int>(res.st), 0));
+    res.spins = __shfl_sync(0xffffffffu, res.spins, 0);
+    t = __shfl_sync(0xffffffffu, t, 0);
+    if (res.st != status::ok) return res;
+    auto const* src = static_cast<unsigned char const*>(payload);
+    std::uint64_t const pieces = (r.bytes + 15) / 16;
+    for (std::uint64_t c = lane; c < pieces; c += 32) {
+      auto* rec = reinterpret_cast<unsigned char*>(&ring[(t + 1 + c / 4) & (capacity - 1)]) + (c % 4) * 16;
+      std::uint64_t const at = c * 16, len = r.bytes - at < 16 ? r.bytes - at : 16;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (len == 16 && (reinterpret_cast<std::uintptr_t>(src + at) & 15u) == 0) {
+        v = *reinterpret_cast<uint4 const*>(src + at);
+      } else {
+        auto* b = reinterpret_cast<unsigned char*>(&v);
+        for (std::uint64_t i = 0; i < len; ++i) b[i] = src[at + i];
+      }
+      *reinterpret_cast<uint4*>(rec) = v;
+    }
+    __threadfence_system();  // each lane's pieces are visible system-wide before lane 0 publishes
+    __syncwarp();
+    if (lane == 0) {
+      ring[t & (capacity - 1)] = r;
+      publish(t, n);
+    }
+    __syncwarp();
+    return res;
+  }
+#endif
+
+  /// Waits until the ring has room for `n` records (the first in `t`), the deadline passes (sets
+  /// status::timeout as the sticky error) or the queue has an error. Each unsuccessful poll is a
+  /// stall, added to ctl->stalls. Nothing is written: publish(t, n) follows.
+  RECCL_HOST_DEVICE push_result reserve(std::uint64_t n, std::uint64_t deadline_ns, std::uint64_t& t) const {
     push_result res;
     for (;;) {
       if (status const e = cached_or_queue_error(); e != status::ok) {
         res.st = e;
         break;
       }
-      if (try_push_records(r, payload)) break;
+      if (try_reserve(n, t)) break;
       if (cache != nullptr) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));  // full: look at the queue's error
       ++res.spins;
 #if defined(__CUDA_ARCH__)
@@ -374,13 +435,20 @@ struct work_queue_view {
   RECCL_HOST_DEVICE status cached_or_queue_error() const {
     return cache != nullptr ? static_cast<status>(cache->error) : get_error(&ctl->error);
   }
-  // One attempt to publish r (and, for an inline put, its payload in the records after it). With a
-  // producer cache, the queue is read only when the cached head says there is no room; then head
-  // is reloaded (acquire: the slots' old records were copied out before the consumer published
-  // that head).
+  // One attempt to publish r (and, for an inline put, its payload in the records after it).
   RECCL_HOST_DEVICE bool try_push_records(work_request const& r, void const* payload) const {
     std::uint64_t const n = payload != nullptr ? 1 + inline_slots(r.bytes) : 1;
     std::uint64_t t = 0;
+    if (!try_reserve(n, t)) return false;
+    ring[t & (capacity - 1)] = r;
+    if (payload != nullptr) copy_payload_in(t + 1, static_cast<unsigned char const*>(payload), r.bytes);
+    publish(t, n);
+    return true;
+  }
+  // Whether n records fit; if so the first one's sequence number in t. With a producer cache, the
+  // queue is read only when the cached head says there is no room; then head is reloaded
+  // (acquire: the slots' old records were copied out before the consumer published that head).
+  RECCL_HOST_DEVICE bool try_reserve(std::uint64_t n, std::uint64_t& t) const {
     if (cache != nullptr) {
       producer_cache& c = *cache;
       if (!c.valid) {
@@ -393,15 +461,16 @@ struct work_queue_view {
         c.head = load_acquire(&ctl->head);
         if (t + n - c.head > capacity) return false;
       }
-    } else {
-      t = load_relaxed(&ctl->tail);  // only this producer writes tail
-      if (t + n - load_acquire(&ctl->head) > capacity) return false;
+      return true;
     }
-    ring[t & (capacity - 1)] = r;
-    if (payload != nullptr) copy_payload_in(t + 1, static_cast<unsigned char const*>(payload), r.bytes);
+    t = load_relaxed(&ctl->tail);  // only this producer writes tail
+    return t + n - load_acquire(&ctl->head) <= capacity;
+  }
+  // Publishes the n records written from t on: release-stores the tail (the consumer that
+  // acquires it sees them).
+  RECCL_HOST_DEVICE void publish(std::uint64_t t, std::uint64_t n) const {
     store_release(&ctl->tail, t + n);
     if (cache != nullptr) cache->tail = t + n;
-    return true;
   }
   // The payload of `bytes` into the records from sequence number `seq` on (they may wrap). On the
   // device in 16-byte stores (one PCIe write each for mapped memory), the source read byte by byte
