@@ -70,6 +70,72 @@ __global__ void bad_put(handle h, int peer, std::uint64_t* status_out) {
   status_out[0] = static_cast<std::uint64_t>(h.wait(0, peer, flag::ready, 1, reccl::proxy::clock_ns() + 10 * second).st);
 }
 
+// Random bytes in both ranks' windows; the host copies are returned.
+std::vector<std::vector<unsigned char>> randomize_windows(copy_engine_group const& g, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uint64_t const wb = g.layout().window_bytes();
+  std::vector<std::vector<unsigned char>> win(2, std::vector<unsigned char>(wb));
+  for (int r = 0; r < 2; ++r) {
+    for (auto& b : win[r]) b = static_cast<unsigned char>(rng());
+    REQUIRE(cudaSetDevice(g.memory(r).device) == cudaSuccess);
+    REQUIRE(cudaMemcpy(g.memory(r).window, win[r].data(), wb, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  return win;
+}
+
+// launch(rank, stream, status words of its VTs) on both ranks, each on its GPU and own stream;
+// then every VT's status word must be ok and the group without error.
+template <class Launch>
+void run_both(copy_engine_group const& g, Launch launch) {
+  std::uint64_t* st = nullptr;
+  REQUIRE(cudaMallocManaged(&st, sizeof(std::uint64_t) * 2 * max_vts) == cudaSuccess);
+  for (int i = 0; i < 2 * max_vts; ++i) st[i] = 99;
+  std::vector<cudaStream_t> s(2);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cudaSetDevice(g.memory(r).device) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
+    launch(r, s[r], st + max_vts * r);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+  }
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cudaSetDevice(g.memory(r).device) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s[r]) == cudaSuccess);
+    cudaStreamDestroy(s[r]);
+  }
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  std::string const msg = g.error_message();
+  CHECK_MESSAGE(g.error() == status::ok, msg);
+  for (int r = 0; r < 2; ++r)
+    for (int v = 0; v < g.layout().n_vts; ++v) CHECK(st[max_vts * r + v] == static_cast<std::uint64_t>(status::ok));
+  cudaFree(st);
+}
+
+// Bytes that differ between what each rank received and what its peer sent: `R` puts per VT of
+// len(k, vt) bytes, read at send-area offset off + src_shift, landed at receive-area offset off,
+// off advancing by len + 3.
+template <class Len>
+long count_wrong(copy_engine_group const& g, std::vector<std::vector<unsigned char>> const& win, int R, Len len, std::uint64_t src_shift) {
+  window_layout const& L = g.layout();
+  long wrong = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<unsigned char> got(L.window_bytes());
+    REQUIRE(cudaMemcpy(got.data(), g.memory(r).window, L.window_bytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    int const src = 1 - r;
+    for (int v = 0; v < L.n_vts; ++v) {
+      std::uint64_t off = 0;
+      for (int k = 0; k < R; ++k) {
+        std::uint64_t const n = len(k, v);
+        unsigned char const* want = win[src].data() + L.send_offset(v, r) + off + src_shift;
+        unsigned char const* have = got.data() + L.recv_offset(v, src) + off;
+        for (std::uint64_t i = 0; i < n; ++i) wrong += want[i] != have[i];
+        off += n + 3;
+      }
+    }
+  }
+  return wrong;
+}
+
 }  // namespace
 
 TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from kernels") {
@@ -87,60 +153,20 @@ TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from 
     cfg.area_bytes = 64 << 10;
     if (two_gpus) cfg.devices = {0, 1};
     copy_engine_group g(cfg);
-    window_layout const& L = g.layout();
     int const rounds = 40;  // at most; fewer if the puts (growing sizes, odd offsets) would pass the area
     int fit = 0;
     for (std::uint64_t off = 0;; ++fit) {
       std::uint64_t const n = 1000 + 136 * static_cast<std::uint64_t>(fit) + 2;
-      if (off + n > L.area_bytes) break;
+      if (off + n > g.layout().area_bytes) break;
       off += n + 3;
     }
     int const R = std::min(rounds, fit);
     REQUIRE(R >= 8);
-    std::mt19937_64 rng(7);
-    std::vector<std::vector<unsigned char>> win(2, std::vector<unsigned char>(L.window_bytes()));
-    for (int r = 0; r < 2; ++r) {
-      for (auto& b : win[r]) b = static_cast<unsigned char>(rng());
-      REQUIRE(cudaMemcpy(g.memory(r).window, win[r].data(), L.window_bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
-    }
-    std::uint64_t* st = nullptr;
-    REQUIRE(cudaMallocManaged(&st, sizeof(std::uint64_t) * 8) == cudaSuccess);
-    for (int i = 0; i < 8; ++i) st[i] = 99;
-    std::vector<cudaStream_t> s(2);
-    for (int r = 0; r < 2; ++r) {
-      REQUIRE(cudaSetDevice(g.memory(r).device) == cudaSuccess);
-      REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
-      exchange<<<cfg.n_vts, 32, 0, s[r]>>>(g.handle(r), 1 - r, R, st + 4 * r);
-      REQUIRE(cudaGetLastError() == cudaSuccess);
-    }
-    for (int r = 0; r < 2; ++r) {
-      REQUIRE(cudaSetDevice(g.memory(r).device) == cudaSuccess);
-      REQUIRE(cudaStreamSynchronize(s[r]) == cudaSuccess);
-      cudaStreamDestroy(s[r]);
-    }
-    REQUIRE(cudaSetDevice(0) == cudaSuccess);
-    CHECK(g.error() == status::ok);
-    for (int r = 0; r < 2; ++r)
-      for (int v = 0; v < cfg.n_vts; ++v) CHECK(st[4 * r + v] == static_cast<std::uint64_t>(status::ok));
+    auto const win = randomize_windows(g, 7);
+    run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) { exchange<<<cfg.n_vts, 32, 0, s>>>(g.handle(r), 1 - r, R, st); });
     // every byte each rank received equals what the peer's send area held
-    long wrong = 0;
-    for (int r = 0; r < 2; ++r) {
-      std::vector<unsigned char> got(L.window_bytes());
-      REQUIRE(cudaMemcpy(got.data(), g.memory(r).window, L.window_bytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
-      int const src = 1 - r;
-      for (int v = 0; v < cfg.n_vts; ++v) {
-        std::uint64_t off = 0;
-        for (int k = 0; k < R; ++k) {
-          std::uint64_t const n = 1000 + 136 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(v);
-          unsigned char const* want = win[src].data() + L.send_offset(v, r) + off;
-          unsigned char const* have = got.data() + L.recv_offset(v, src) + off;
-          for (std::uint64_t i = 0; i < n; ++i) wrong += want[i] != have[i];
-          off += n + 3;
-        }
-      }
-    }
-    CHECK(wrong == 0);
-    cudaFree(st);
+    auto const len = [](int k, int v) { return 1000 + 136 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(v); };
+    CHECK(count_wrong(g, win, R, len, 0) == 0);
   }
 }
 
@@ -152,51 +178,14 @@ TEST_CASE("copy engine: inline puts from kernels (one thread, or a warp) carry r
   cfg.area_bytes = 256 << 10;
   cfg.queue_capacity = 256;  // 17 records per 1 KiB put: the ring wraps many times
   for (bool warp : {false, true}) {
-  CAPTURE(warp);
-  copy_engine_group g(cfg);
-  window_layout const& L = g.layout();
-  int const R = 200;  // ~100 KiB per VT and peer, inside the area
-  std::mt19937_64 rng(8);
-  std::vector<std::vector<unsigned char>> win(2, std::vector<unsigned char>(L.window_bytes()));
-  for (int r = 0; r < 2; ++r) {
-    for (auto& b : win[r]) b = static_cast<unsigned char>(rng());
-    REQUIRE(cudaMemcpy(g.memory(r).window, win[r].data(), L.window_bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  std::uint64_t* st = nullptr;
-  REQUIRE(cudaMallocManaged(&st, sizeof(std::uint64_t) * 8) == cudaSuccess);
-  for (int i = 0; i < 8; ++i) st[i] = 99;
-  std::vector<cudaStream_t> s(2);
-  for (int r = 0; r < 2; ++r) {
-    REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
-    exchange_inline<<<cfg.n_vts, 64, 0, s[r]>>>(g.handle(r), 1 - r, R, warp, st + 4 * r);
-    REQUIRE(cudaGetLastError() == cudaSuccess);
-  }
-  for (int r = 0; r < 2; ++r) {
-    REQUIRE(cudaStreamSynchronize(s[r]) == cudaSuccess);
-    cudaStreamDestroy(s[r]);
-  }
-  std::string const msg = g.error_message();
-  CHECK_MESSAGE(g.error() == status::ok, msg);
-  for (int r = 0; r < 2; ++r)
-    for (int v = 0; v < cfg.n_vts; ++v) CHECK(st[4 * r + v] == static_cast<std::uint64_t>(status::ok));
-  long wrong = 0;
-  for (int r = 0; r < 2; ++r) {
-    std::vector<unsigned char> got(L.window_bytes());
-    REQUIRE(cudaMemcpy(got.data(), g.memory(r).window, L.window_bytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
-    int const src = 1 - r;
-    for (int v = 0; v < cfg.n_vts; ++v) {
-      std::uint64_t off = 0;
-      for (int k = 0; k < R; ++k) {
-        std::uint64_t const n = inline_len(k, v);
-        unsigned char const* want = win[src].data() + L.send_offset(v, r) + off + 1;
-        unsigned char const* have = got.data() + L.recv_offset(v, src) + off;
-        for (std::uint64_t i = 0; i < n; ++i) wrong += want[i] != have[i];
-        off += n + 3;
-      }
-    }
-  }
-  CHECK(wrong == 0);
-  cudaFree(st);
+    CAPTURE(warp);
+    copy_engine_group g(cfg);
+    int const R = 200;  // ~100 KiB per VT and peer, inside the area
+    auto const win = randomize_windows(g, 8);
+    run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) {
+      exchange_inline<<<cfg.n_vts, 64, 0, s>>>(g.handle(r), 1 - r, R, warp, st);
+    });
+    CHECK(count_wrong(g, win, R, inline_len, 1) == 0);  // sources start one byte in: unaligned
   }
 }
 
