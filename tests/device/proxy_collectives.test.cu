@@ -370,6 +370,22 @@ TEST_CASE("proxy collectives: bad input is rejected on the host, nothing launche
   CHECK_THROWS_WITH_AS(S.pc->launch(0, a, S.s[0]), doctest::Contains("root"), reccl::error);
   cudaFree(plain);
   CHECK(S.pc->check() == reccl::status::ok);
+  // ranks that disagree: the second rank's launch fails with mismatch before anything is launched
+  // for it, and the first rank's kernel times out at its deadline
+  setup T(2, 1, 1u << 20, false);
+  collective_args b;
+  b.coll = collective::all_reduce;
+  b.count = 1000;
+  b.in = T.in(0);
+  b.out = T.out(0);
+  b.timeout_ns = 200'000'000ull;
+  T.pc->launch(0, b, T.s[0]);
+  b.count = 999;
+  b.in = T.in(1);
+  b.out = T.out(1);
+  CHECK_THROWS_WITH_AS(T.pc->launch(1, b, T.s[1]), doctest::Contains("count: 999 vs 1000"), reccl::error);
+  T.sync();
+  CHECK(T.pc->check() == reccl::status::timeout);
 }
 
 TEST_CASE("proxy collectives: a rank that never arrives is a timeout naming the rank and VT, no hang") {

@@ -52,6 +52,7 @@
 #include "../host/error.hpp"
 #include "../policy/allocator/allocator.hpp"
 #include "../types.hpp"
+#include "call_agreement.hpp"
 #include "copy_engine_group.hpp"
 #include "transport.hpp"
 
@@ -343,7 +344,7 @@ class proxy_collectives {
   static constexpr int threads = 512;
 
   /// `slots`: reduce rounds in flight per peer; each receive area is cut into that many slots.
-  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4) : g_(g), slots_(slots) {
+  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4) : g_(g), slots_(slots), agree_(g.nranks()) {
     if (slots_ == 0 || detail::slot_elems(g.layout().area_bytes, slots_, 8, 2) == 0)
       throw reccl::error(status::invalid_argument, "proxy_collectives: the receive area holds less than 16 bytes per slot");
     int cur = 0;
@@ -367,12 +368,17 @@ class proxy_collectives {
   /// Checks `a` for rank `rank` and launches its kernel on `stream` (on the rank's GPU). Throws
   /// reccl::error (invalid_argument) for buffers outside the symmetric region or misaligned, an
   /// in-place all-to-all, a bad root or op; nothing is launched then. count == 0 launches nothing.
-  /// Every rank must pass the same coll, type, op, count and root, and buffers at the same offsets
-  /// of their symmetric regions (the puts land at the sender's offsets).
+  /// Every rank must pass the same coll, type, op, count, root and vt_shares, and buffers at the
+  /// same offsets of their symmetric regions (the puts land at the sender's offsets): a rank whose
+  /// call disagrees with another rank's same call gets reccl::error (mismatch) naming both ranks and
+  /// the field, and nothing is launched for it (its peers' kernels then time out at their deadline).
   void launch(int rank, collective_args a, cudaStream_t stream) {
     validate(rank, a);
     a.slots = slots_;
     if (a.vt_shares.n_vts == 0) a.vt_shares = reccl::equal_shares(g_.layout().n_vts, reccl::all_live(g_.layout().n_vts));
+    call_digest const d{a.coll, a.type, a.op, a.count, a.coll == collective::broadcast ? a.root : 0, a.vt_shares};
+    if (std::string const why = agree_.record(rank, d); !why.empty())
+      throw reccl::error(status::mismatch, "proxy collective: " + why, rank);
     if (a.count == 0) return;
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
@@ -494,6 +500,7 @@ class proxy_collectives {
 
   copy_engine_group& g_;
   std::uint32_t slots_;
+  call_agreement agree_;  ///< every rank's arguments, call by call
   std::vector<collective_state*> state_;
 };
 
