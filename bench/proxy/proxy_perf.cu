@@ -30,17 +30,14 @@
 #include "reccl/host/communicator.hpp"
 #include "reccl/proxy/collective.hpp"
 #include "bench/perf/nccl_tests.hpp"
+#include "bench_util.hpp"
 
 using namespace reccl;
 
+using bench::ck;
+
 namespace {
 
-void ck(cudaError_t e, char const* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 void nk(ncclResult_t e, char const* what) {
   if (e != ncclSuccess) {
     std::fprintf(stderr, "%s: %s\n", what, ncclGetErrorString(e));

@@ -20,6 +20,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench_util.hpp"
+
+using bench::ck;
+
 namespace {
 
 enum flavour : int { acquire_sys = 0, relaxed_sys = 1, volatile_ld = 2, cv = 3, n_flavours = 4 };
@@ -69,13 +73,6 @@ __global__ void beside(unsigned const* done, unsigned sleep_ns, unsigned long lo
     if (t - t0 > 30'000'000'000ull) break;
   }
   *polls = n;
-}
-
-void ck(cudaError_t e, char const* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
 }
 
 }  // namespace
