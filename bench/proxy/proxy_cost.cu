@@ -7,7 +7,7 @@
 //             until rank 1's kernel saw the last one
 //
 //   reccl_proxy_cost [--iters 2000] [--reps 5] [--bytes 1024] [--posts 8192] [--unbatched]
-//                    [--solo] [--await_sleep_ns N] [--full_backoff_ns N] [--lazy] [--inline]
+//                    [--solo] [--await_sleep_ns N] [--lazy] [--inline]
 //                    [--inline_warp]
 //                    [-J out.json]
 #include <cuda_runtime.h>
@@ -24,10 +24,14 @@
 #include <nlohmann/json.hpp>
 
 #include "reccl/proxy/copy_engine_group.hpp"
+#include "bench_util.hpp"
 
 using namespace reccl;
 using namespace reccl::proxy;
 using handle = reccl::transport::proxy::handle;
+
+using bench::ck;
+using bench::median;
 
 namespace {
 
@@ -86,18 +90,6 @@ __global__ void await(handle h, int peer, std::uint64_t value, int* err, unsigne
   if (w.st != status::ok) *err = 3;
 }
 
-void ck(cudaError_t e, char const* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,7 +102,6 @@ int main(int argc, char** argv) {
   bool unbatched = false;
   bool lazy = false;
   bool inl = false, inl_warp = false;
-  std::uint32_t full_backoff_ns = 0;
   app.add_option("--iters", iters, "round trips per latency run");
   app.add_flag("--solo", solo, "post-rate runs: launch the waiter only after the producer finished");
   app.add_option("--await_sleep_ns", await_sleep_ns, "post-rate runs: the waiter sleeps this long between polls (0: the transport's wait)");
@@ -118,7 +109,6 @@ int main(int argc, char** argv) {
   app.add_flag("--inline", inl, "latency runs: the put carries its bytes in the queue (put_inline, at most 1024 B)");
   app.add_flag("--inline_warp", inl_warp, "latency runs: put_inline by a whole warp (the payload written 32 pieces at a time)");
   app.add_flag("--lazy", lazy, "do not load the kernels before the runs (the flood then stalls under lazy module loading; NOTES 24)");
-  app.add_option("--full_backoff_ns", full_backoff_ns, "the producer's sleep between polls of a full queue");
   app.add_option("--reps", reps, "latency runs (the median is reported)");
   app.add_option("--bytes", bytes, "bytes per put");
   app.add_option("--posts", posts, "requests per post-rate run");
@@ -140,7 +130,6 @@ int main(int argc, char** argv) {
   cfg.push_timeout_ns = 20 * second;
   if (ngpu >= 2) cfg.devices = {0, 1};
   cfg.backend.batched = !unbatched;
-  cfg.full_backoff_ns = full_backoff_ns;
   copy_engine_group g(cfg);
   // Load every kernel before any runs: under lazy module loading (CUDA's default) a kernel's first
   // launch loads its module, which waits for the kernels already running and holds up the proxy
@@ -248,7 +237,6 @@ int main(int argc, char** argv) {
     J["posts"] = posts;
     J["batched"] = !unbatched;
     J["solo"] = solo;
-    J["full_backoff_ns"] = full_backoff_ns;
     J["kernels_loaded_first"] = !lazy;
     J["latency_put"] = inl_warp ? "put_inline_warp" : inl ? "put_inline" : "put_with_signal";
     std::ofstream(json_out) << J.dump(2) << "\n";

@@ -109,14 +109,10 @@ class copy_engine_backend {
 
   /// The first error's text ("" if none).
   std::string const& message() const { return message_; }
-  /// Whether a pass's copies and signals go out as batches (false: one call per operation).
-  bool batched() const { return batched_; }
   /// Bytes issued to the copy engines (puts and gets).
   std::uint64_t bytes_moved() const { return bytes_moved_; }
   /// Signals that were not written because a later one to the same flag in the pass replaced them.
   std::uint64_t signals_coalesced() const { return coalesced_; }
-  /// CUDA calls that issued copies or signals (a batch counts once).
-  std::uint64_t submissions() const { return submissions_; }
 
   status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset); }
   status get(work_request const& r) { return copy(r, r.peer, rank_, r.dst_offset, r.src_offset); }
@@ -263,7 +259,6 @@ class copy_engine_backend {
   bool issue(cudaError_t e, lane& l, char const* what) {
     if (!check(e, what)) return false;
     ++l.issued;
-    ++submissions_;
     return true;
   }
   static cudaError_t batch(void* const* dsts, void const* const* srcs, std::size_t const* sizes, std::size_t count, cudaMemcpyAttributes* attrs,
@@ -332,7 +327,6 @@ class copy_engine_backend {
   std::string message_;
   std::uint64_t bytes_moved_ = 0;
   std::uint64_t coalesced_ = 0;
-  std::uint64_t submissions_ = 0;
 };
 
 static_assert(InlineBackend<copy_engine_backend>);

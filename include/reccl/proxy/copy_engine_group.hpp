@@ -43,7 +43,6 @@ struct copy_engine_config {
   proxy_config proxy{};
   copy_engine_options backend{};         ///< how each rank's backend submits (batched by default)
   std::uint64_t push_timeout_ns = 1'000'000'000;  ///< a kernel's longest wait for room in a full queue
-  std::uint32_t full_backoff_ns = 0;  ///< a kernel's sleep between polls of a full queue (0: none)
 };
 
 class copy_engine_group {
@@ -97,7 +96,7 @@ class copy_engine_group {
         std::size_t const co = ring_bytes + sizeof(queue_control) * static_cast<std::size_t>(v);
         s.views.push_back({reinterpret_cast<work_request*>(h + ro), reinterpret_cast<queue_control*>(h + co), cfg_.queue_capacity});
         dev_views.push_back({reinterpret_cast<work_request*>(d + ro), reinterpret_cast<queue_control*>(d + co), cfg_.queue_capacity,
-                             caches + v, cfg_.full_backoff_ns});
+                             caches + v});
       }
       RECCL_CUDA_CHECK(cudaMemcpy(s.dev_block, dev_views.data(), views_bytes, cudaMemcpyHostToDevice));
       s.dev_views = static_cast<work_queue_view const*>(s.dev_block);

@@ -125,14 +125,11 @@ struct proxy {
     RECCL_HOST_DEVICE void put_inline(int vt, int peer, std::size_t offset, void const* src, std::size_t bytes, flag f = flag::ready,
                                       std::uint64_t value = 0) const {
       if (vt < 0 || vt >= layout.n_vts) return;
-      if (peer < 0 || peer >= layout.nranks || offset > layout.area_bytes || bytes > layout.area_bytes - offset ||
-          bytes > reccl::proxy::max_inline_bytes || (src == nullptr && bytes != 0)) {
+      if (!inline_ok(peer, offset, src, bytes)) {
         queues[vt].fail(status::invalid_argument);
         return;
       }
-      queues[vt].push_inline(reccl::proxy::make_put_inline(peer, layout.recv_offset(vt, rank) + offset, bytes,
-                                                           layout.flag_index(vt, rank, f), value),
-                             src, reccl::proxy::clock_ns() + push_timeout_ns);
+      queues[vt].push_inline(inline_request(vt, peer, offset, bytes, f, value), src, reccl::proxy::clock_ns() + push_timeout_ns);
     }
 
 #if defined(__CUDACC__)
@@ -141,15 +138,12 @@ struct proxy {
     __device__ void put_inline_warp(int vt, int peer, std::size_t offset, void const* src, std::size_t bytes, flag f = flag::ready,
                                     std::uint64_t value = 0) const {
       if (vt < 0 || vt >= layout.n_vts) return;
-      if (peer < 0 || peer >= layout.nranks || offset > layout.area_bytes || bytes > layout.area_bytes - offset ||
-          bytes > reccl::proxy::max_inline_bytes || (src == nullptr && bytes != 0)) {
+      if (!inline_ok(peer, offset, src, bytes)) {
         if ((threadIdx.x & 31u) == 0) queues[vt].fail(status::invalid_argument);
         __syncwarp();
         return;
       }
-      queues[vt].push_inline_warp(reccl::proxy::make_put_inline(peer, layout.recv_offset(vt, rank) + offset, bytes,
-                                                                layout.flag_index(vt, rank, f), value),
-                                  src, reccl::proxy::clock_ns() + push_timeout_ns);
+      queues[vt].push_inline_warp(inline_request(vt, peer, offset, bytes, f, value), src, reccl::proxy::clock_ns() + push_timeout_ns);
     }
 #endif
 
@@ -234,6 +228,16 @@ struct proxy {
     RECCL_HOST_DEVICE status error(int vt) const { return queues[vt].error(); }
 
    private:
+    // Whether an inline put's peer, range in the receive area, size and source are valid.
+    RECCL_HOST_DEVICE bool inline_ok(int peer, std::size_t offset, void const* src, std::size_t bytes) const {
+      return peer >= 0 && peer < layout.nranks && offset <= layout.area_bytes && bytes <= layout.area_bytes - offset &&
+             bytes <= reccl::proxy::max_inline_bytes && (src != nullptr || bytes == 0);
+    }
+    // The request of an inline put into peer's receive area for (vt, me) at `offset`.
+    RECCL_HOST_DEVICE reccl::proxy::work_request inline_request(int vt, int peer, std::size_t offset, std::size_t bytes, flag f,
+                                                                std::uint64_t value) const {
+      return reccl::proxy::make_put_inline(peer, layout.recv_offset(vt, rank) + offset, bytes, layout.flag_index(vt, rank, f), value);
+    }
     // Validates (vt, peer, offset, bytes) and that [p, p + bytes) lies in my window; on failure
     // fails the VT's queue (if vt names one) and returns false.
     RECCL_HOST_DEVICE bool check(int vt, int peer, std::size_t offset, void const* p, std::size_t bytes,

@@ -249,7 +249,6 @@ struct work_queue_view {
   queue_control* ctl = nullptr;
   std::uint32_t capacity = 0;
   producer_cache* cache = nullptr;  ///< the producer's counters (optional; see producer_cache)
-  std::uint32_t full_backoff_ns = 0;  ///< a kernel producer's sleep between polls of a full ring (0: none)
 
   // -- producer ---------------------------------------------------------------------------------
 
@@ -270,7 +269,7 @@ struct work_queue_view {
   /// push for an inline put and its payload (see try_push_inline). An inline put larger than
   /// max_inline_bytes, or than the ring can hold, fails the queue with status::invalid_argument.
   RECCL_HOST_DEVICE push_result push_inline(work_request const& r, void const* payload, std::uint64_t deadline_ns) const {
-    if (r.kind != request_kind::put_inline || r.bytes > max_inline_bytes || 1 + inline_slots(r.bytes) > capacity) {
+    if (!inline_fits(r)) {
       fail(status::invalid_argument);
       return {status::invalid_argument, 0};
     }
@@ -299,7 +298,7 @@ struct work_queue_view {
     push_result res;
     std::uint64_t t = 0;
     if (lane == 0) {
-      if (r.kind != request_kind::put_inline || r.bytes > max_inline_bytes || n > capacity) {
+      if (!inline_fits(r)) {
         fail(status::invalid_argument);
         res.st = status::invalid_argument;
       } else {
@@ -311,19 +310,7 @@ struct work_queue_view {
     t = __shfl_sync(0xffffffffu, t, 0);
     if (res.st != status::ok) return res;
     auto const* src = static_cast<unsigned char const*>(payload);
-    std::uint64_t const pieces = (r.bytes + 15) / 16;
-    for (std::uint64_t c = lane; c < pieces; c += 32) {
-      auto* rec = reinterpret_cast<unsigned char*>(&ring[(t + 1 + c / 4) & (capacity - 1)]) + (c % 4) * 16;
-      std::uint64_t const at = c * 16, len = r.bytes - at < 16 ? r.bytes - at : 16;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (len == 16 && (reinterpret_cast<std::uintptr_t>(src + at) & 15u) == 0) {
-        v = *reinterpret_cast<uint4 const*>(src + at);
-      } else {
-        auto* b = reinterpret_cast<unsigned char*>(&v);
-        for (std::uint64_t i = 0; i < len; ++i) b[i] = src[at + i];
-      }
-      *reinterpret_cast<uint4*>(rec) = v;
-    }
+    for (std::uint64_t c = lane; c < payload_pieces(r.bytes); c += 32) write_piece(t + 1, c, src, r.bytes);
     __threadfence_system();  // each lane's pieces are visible system-wide before lane 0 publishes
     __syncwarp();
     if (lane == 0) {
@@ -348,9 +335,6 @@ struct work_queue_view {
       if (try_reserve(n, t)) break;
       if (cache != nullptr) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));  // full: look at the queue's error
       ++res.spins;
-#if defined(__CUDA_ARCH__)
-      if (full_backoff_ns != 0) __nanosleep(full_backoff_ns);
-#endif
       relax();
       if (clock_ns() >= deadline_ns) {
         fail(status::timeout);
@@ -472,30 +456,42 @@ struct work_queue_view {
     store_release(&ctl->tail, t + n);
     if (cache != nullptr) cache->tail = t + n;
   }
-  // The payload of `bytes` into the records from sequence number `seq` on (they may wrap). On the
-  // device in 16-byte stores (one PCIe write each for mapped memory), the source read byte by byte
-  // when it is not 16-byte aligned; the last record's tail is zero-filled.
+  // Whether r is an inline put this queue can carry (size within the limit and the ring).
+  RECCL_HOST_DEVICE bool inline_fits(work_request const& r) const {
+    return r.kind == request_kind::put_inline && r.bytes <= max_inline_bytes && 1 + inline_slots(r.bytes) <= capacity;
+  }
+  // 16-byte pieces of a payload of `bytes`.
+  RECCL_HOST_DEVICE static constexpr std::uint64_t payload_pieces(std::uint64_t bytes) { return (bytes + 15) / 16; }
+#if defined(__CUDACC__)
+  // Piece c of the payload of `bytes` at src into the records from sequence number `seq` on (they
+  // may wrap), as one 16-byte store (one PCIe write for mapped memory); the source is read byte by
+  // byte when it is not 16-byte aligned, and the last piece is zero-filled.
+  __device__ void write_piece(std::uint64_t seq, std::uint64_t c, unsigned char const* src, std::uint64_t bytes) const {
+    auto* rec = reinterpret_cast<unsigned char*>(&ring[(seq + c / 4) & (capacity - 1)]) + (c % 4) * 16;
+    std::uint64_t const at = c * 16, len = bytes - at < 16 ? bytes - at : 16;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (len == 16 && (reinterpret_cast<std::uintptr_t>(src + at) & 15u) == 0) {
+      v = *reinterpret_cast<uint4 const*>(src + at);
+    } else {
+      auto* b = reinterpret_cast<unsigned char*>(&v);
+      for (std::uint64_t i = 0; i < len; ++i) b[i] = src[at + i];
+    }
+    *reinterpret_cast<uint4*>(rec) = v;
+  }
+#endif
+  // The payload of `bytes` into the records from sequence number `seq` on (they may wrap): on the
+  // device piece by piece (write_piece), on the host record by record.
   RECCL_HOST_DEVICE void copy_payload_in(std::uint64_t seq, unsigned char const* src, std::uint64_t bytes) const {
+#if defined(__CUDA_ARCH__)
+    for (std::uint64_t c = 0; c < payload_pieces(bytes); ++c) write_piece(seq, c, src, bytes);
+#else
     for (std::uint64_t done = 0; done < bytes; done += 64, ++seq) {
       auto* rec = reinterpret_cast<unsigned char*>(&ring[seq & (capacity - 1)]);
       std::uint64_t const n = bytes - done < 64 ? bytes - done : 64;
-#if defined(__CUDA_ARCH__)
-      bool const aligned = (reinterpret_cast<std::uintptr_t>(src + done) & 15u) == 0;
-      for (std::uint64_t o = 0; o < 64; o += 16) {
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (aligned && o + 16 <= n) {
-          v = *reinterpret_cast<uint4 const*>(src + done + o);
-        } else {
-          auto* b = reinterpret_cast<unsigned char*>(&v);
-          for (std::uint64_t i = 0; i < 16 && o + i < n; ++i) b[i] = src[done + o + i];
-        }
-        *reinterpret_cast<uint4*>(rec + o) = v;
-      }
-#else
       std::memcpy(rec, src + done, n);
       if (n < 64) std::memset(rec + n, 0, 64 - n);
-#endif
     }
+#endif
   }
   RECCL_HOST_DEVICE void copy_payload_out(std::uint64_t seq, std::byte* dst, std::uint64_t bytes) const {
     for (std::uint64_t done = 0; done < bytes; done += 64, ++seq) {
