@@ -45,6 +45,7 @@ T_AD=$BUILD/reccl.test.device.adaptive
 ADB=$BUILD/reccl_adaptive_bench
 T_CE=$BUILD/reccl.test.device.copy_engine
 T_PC=$BUILD/reccl.test.device.proxy_collectives
+T_PP=$BUILD/reccl.test.device.proxy_processes
 PXP=$BUILD/reccl_proxy_perf
 PXC=$BUILD/reccl_proxy_cost
 SMP=$BUILD/reccl_sysmem_probe
@@ -55,7 +56,7 @@ if [[ -n "${RECCL_GPU_BIN:-}" ]]; then
   B=$(cd "$RECCL_GPU_BIN" && pwd)
   PERF=$B/reccl_perf T_COLL=$B/reccl.test.device.collectives T_MP=$B/reccl.test.device.multiprocess
   T_AD=$B/reccl.test.device.adaptive ADB=$B/reccl_adaptive_bench T_CE=$B/reccl.test.device.copy_engine PXC=$B/reccl_proxy_cost
-  T_PC=$B/reccl.test.device.proxy_collectives PXP=$B/reccl_proxy_perf SMP=$B/reccl_sysmem_probe CALLS=$B/reccl_call_cost
+  T_PC=$B/reccl.test.device.proxy_collectives T_PP=$B/reccl.test.device.proxy_processes PXP=$B/reccl_proxy_perf SMP=$B/reccl_sysmem_probe CALLS=$B/reccl_call_cost
   SHIM_SO=$B/libreccl_nccl.so T_SHIM=$B/reccl.test.shim.serve
   NCCL_TESTS_BIN=${NCCL_TESTS_BIN:-$B/nccl-tests}
   # prebuilt binaries were linked against the toolkit's NCCL (2.28.9): run them with PyTorch's copy
@@ -72,7 +73,7 @@ if has build; then
       -DRECCL_ENABLE_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 &&
       cmake --build "$BUILD/cmake" -j "$NPROC" --target reccl_perf reccl.test.device.collectives \
         reccl.test.device.multiprocess reccl.test.device.adaptive reccl_adaptive_bench reccl.test.device.copy_engine \
-        reccl.test.device.proxy_collectives reccl_proxy_cost reccl_proxy_perf reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
+        reccl.test.device.proxy_collectives reccl.test.device.proxy_processes reccl_proxy_cost reccl_proxy_perf reccl_nccl_shim reccl.test.shim.serve >>"$OUT/cmake.log" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]]; then
       PERF=$(find "$BUILD/cmake" -name reccl_perf -type f | head -1)
@@ -82,6 +83,7 @@ if has build; then
       ADB=$(find "$BUILD/cmake" -name reccl_adaptive_bench -type f | head -1)
       T_CE=$(find "$BUILD/cmake" -name reccl.test.device.copy_engine -type f | head -1)
       T_PC=$(find "$BUILD/cmake" -name reccl.test.device.proxy_collectives -type f | head -1)
+      T_PP=$(find "$BUILD/cmake" -name reccl.test.device.proxy_processes -type f | head -1)
       PXC=$(find "$BUILD/cmake" -name reccl_proxy_cost -type f | head -1)
       PXP=$(find "$BUILD/cmake" -name reccl_proxy_perf -type f | head -1)
     else
@@ -111,6 +113,7 @@ if has build; then
     p5=$!
     nvcc "${FLAGS[@]}" tests/device/copy_engine.test.cu -o "$T_CE" -lnccl >"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" tests/device/proxy_collectives.test.cu -o "$T_PC" -lnccl >>"$OUT/build_ce.log" 2>&1 &&
+      nvcc "${FLAGS[@]}" tests/device/proxy_processes.test.cu -o "$T_PP" -lnccl >>"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" bench/proxy/proxy_cost.cu -o "$PXC" >>"$OUT/build_ce.log" 2>&1 &&
       nvcc "${FLAGS[@]}" bench/proxy/proxy_perf.cu -o "$PXP" -lnccl -lcublas >>"$OUT/build_ce.log" 2>&1 &
     p6=$!
@@ -213,6 +216,10 @@ if has proxy; then
   timeout 600 "$T_PC" >"$OUT/test_proxy_collectives.log" 2>&1
   rc=$?; SUMMARY+=("test proxy collectives: rc=$rc  $(grep -E 'test cases:' "$OUT/test_proxy_collectives.log" | tail -1)")
   grep -E "ERROR|FAILED|MESSAGE|cases," "$OUT/test_proxy_collectives.log" | head -30
+  log "collectives over the copy-engine proxy, one process per rank (CUDA IPC windows)"
+  timeout 300 "$T_PP" >"$OUT/test_proxy_processes.log" 2>&1
+  rc=$?; SUMMARY+=("test proxy, one process per rank: rc=$rc  $(grep -E 'test cases:' "$OUT/test_proxy_processes.log" | tail -1)")
+  grep -E "ERROR|FAILED|cases,|rank 0:" "$OUT/test_proxy_processes.log" | head -20
   timeout 300 "$PXC" -J "$OUT/proxy_cost.json" >"$OUT/proxy_cost.txt" 2>&1
   rc=$?; SUMMARY+=("proxy cost: rc=$rc")
   # a flood twice the queue's capacity: the producer must wait for room (a stall seen before the

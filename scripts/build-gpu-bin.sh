@@ -4,7 +4,7 @@
 # (libnccl.so.2 of the same version must be found at run time; bench/gpu.sh uses PyTorch's copy).
 #
 #   scripts/build-gpu-bin.sh [dir] [target ...]   targets: coll adaptive mp perf adaptive_bench
-#                                                 demo control_step ce pcoll proxy_cost proxy_perf sysmem_probe call_cost
+#                                                 demo control_step ce pcoll pprocs proxy_cost proxy_perf sysmem_probe call_cost
 #                                                 shim (default: all);
 #                                                 nccl_tests (not in the default); dir: .gpubin
 # shim: libreccl_nccl.so and its GPU test. nccl_tests: NVIDIA's nccl-tests, unmodified, from the
@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.gpubin}
 shift || true
-TARGETS=${*:-coll adaptive mp perf adaptive_bench demo control_step ce pcoll proxy_cost proxy_perf sysmem_probe call_cost shim}
+TARGETS=${*:-coll adaptive mp perf adaptive_bench demo control_step ce pcoll pprocs proxy_cost proxy_perf sysmem_probe call_cost shim}
 mkdir -p "$DIR"
 export PATH="/usr/local/cuda/bin:$PATH"
 F=(-std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr -Iinclude -I.)
@@ -50,6 +50,7 @@ for t in $TARGETS; do
     control_step) build reccl_control_step bench/perf/control_step.cu & ;;
     ce) build reccl.test.device.copy_engine tests/device/copy_engine.test.cu -lnccl & ;;
     pcoll) build reccl.test.device.proxy_collectives tests/device/proxy_collectives.test.cu -lnccl & ;;
+    pprocs) build reccl.test.device.proxy_processes tests/device/proxy_processes.test.cu -lnccl & ;;
     proxy_cost) build reccl_proxy_cost bench/proxy/proxy_cost.cu & ;;
     sysmem_probe) build reccl_sysmem_probe bench/proxy/sysmem_probe.cu & ;;
     call_cost) build reccl_call_cost bench/proxy/call_cost.cu & ;;

@@ -40,7 +40,8 @@ struct setup {
   std::uint64_t cap = 0;  // bytes of each of in and out (guard excluded)
   int n = 0;
 
-  setup(int nranks, int n_vts, std::uint64_t cap_bytes, bool two_gpus, std::uint64_t area = 64 << 10, std::uint32_t slots = 4) {
+  setup(int nranks, int n_vts, std::uint64_t cap_bytes, bool two_gpus, std::uint64_t area = 64 << 10, std::uint32_t slots = 4,
+        proxy_collectives::peer_checks checks = proxy_collectives::peer_checks::automatic) {
     n = nranks;
     cap = cap_bytes;
     copy_engine_config c;
@@ -51,7 +52,7 @@ struct setup {
     c.symmetric_bytes = 2 * (cap + guard) + 256;
     if (two_gpus) c.devices = {0, 1};
     g = std::make_unique<copy_engine_group>(c);
-    pc = std::make_unique<proxy_collectives>(*g, slots);
+    pc = std::make_unique<proxy_collectives>(*g, slots, checks);
     for (int r = 0; r < n; ++r) {
       TEST_CK(cudaSetDevice(g->memory(r).device));
       cudaStream_t x;
@@ -275,6 +276,30 @@ TEST_CASE("proxy collectives: the VT split comes from an Allocator; uneven share
   a.vt_shares.w[0] += 1;  // no longer sums to share_one
   CHECK_THROWS_WITH_AS(S.pc->launch(0, a, S.s[0]), doctest::Contains("vt_shares"), reccl::error);
   CHECK(S.pc->check() == reccl::status::ok);
+}
+
+TEST_CASE("proxy collectives: with the peer checks on (as across processes) results are the same") {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(31);
+  long cases = 0, bad = 0;
+  for (int n : {2, 3})
+    for (int vts : {1, 3}) {
+      setup S(n, vts, 4u << 20, false, 64 << 10, 4, proxy_collectives::peer_checks::on);
+      for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather, collective::broadcast,
+                           collective::all_to_all})
+        for (std::uint64_t count : {std::uint64_t{1}, std::uint64_t{5}, std::uint64_t{4099}, std::uint64_t{(1u << 17) + 3}})
+          for (int rep = 0; rep < 2; ++rep) {  // a second call uses the other digest slot
+            int const root = c == collective::broadcast ? static_cast<int>(count % static_cast<std::uint64_t>(n)) : 0;
+            outcome const o = run_case(S, c, dtype::float32, redop::sum, count, false, root, 0, rng);
+            ++cases;
+            if (o.wrong || o.guard_hit || o.st != reccl::status::ok) {
+              ++bad;
+              MESSAGE(name(c) << " count " << count << " ranks " << n << " VTs " << vts << ": wrong " << o.wrong << " " << o.msg);
+            }
+          }
+    }
+  MESSAGE(cases << " cases with peer checks, " << bad << " wrong");
+  CHECK(bad == 0);
 }
 
 TEST_CASE("proxy collectives: back-to-back calls and CUDA-graph replays continue the counters") {

@@ -30,6 +30,17 @@
 // is recorded (status, VT, peer, step) and that VT's CTA stops. The rank's counters are then out of
 // step with its peers: the group must be rebuilt before the next collective.
 //
+// Peer checks (on where the ranks are in different processes, so the host's call_agreement sees
+// one rank only): each VT sends every peer a 32-byte digest of its call (call index, collective,
+// dtype, op, count, root, a hash of the split) as an inline put before its first signal to that
+// peer, into the last 64 bytes of the peer's receive area (two slots: call index % 2; a peer is at
+// most one call ahead of me on a VT). After its first wait on a peer returns, a VT compares the
+// peer's digest with its own, before it writes anything a peer reads: a difference is
+// status::mismatch naming the peer, the call and the field, and the VT stops. Copy collectives
+// send it with their barrier signal; reductions before their first round (the first wait is on
+// round 0, or on the final step when the VT has no round). A VT with nothing to exchange (no round,
+// reduce-scatter) checks nothing and writes nothing.
+//
 // Module loading: a kernel that runs beside a proxy collective must be loaded before the collective
 // starts. Under lazy loading (CUDA's default since 12.2) a kernel's first launch loads its module,
 // which waits for the kernels already running, and the proxy threads' CUDA calls wait with it: a
@@ -63,12 +74,30 @@ struct collective_state {
   std::uint64_t ready_step[max_vts];    ///< ready values used so far, per VT
   std::uint64_t credit_round[max_vts];  ///< reduce rounds so far (each uses one receive slot), per VT
   std::uint64_t stalls[max_vts];        ///< unsuccessful polls of this rank's waits, per VT, all collectives
+  std::uint64_t calls[max_vts];         ///< collectives so far, per VT (the peer check's call index)
   std::uint32_t fault_status;           ///< first fault's reccl::status (0: none)
   std::int32_t fault_vt;
   std::int32_t fault_peer;
-  std::uint32_t pad;
-  std::uint64_t fault_step;             ///< ready step (or round) the failed wait was for
+  std::uint32_t fault_field;            ///< mismatch: the call_field that differs
+  std::uint64_t fault_step;             ///< ready step (or round) the failed wait was for; mismatch: the call index
 };
+
+/// What a peer check found different (collective_state::fault_field).
+enum class call_field : std::uint32_t { none = 0, call_index, collective, dtype, op, count, root, vt_shares };
+
+constexpr char const* name(call_field f) {
+  switch (f) {
+    case call_field::none: return "none";
+    case call_field::call_index: return "call index (a rank skipped or added a call)";
+    case call_field::collective: return "collective";
+    case call_field::dtype: return "dtype";
+    case call_field::op: return "op";
+    case call_field::count: return "count";
+    case call_field::root: return "root";
+    case call_field::vt_shares: return "vt_shares";
+  }
+  return "?";
+}
 
 /// Arguments of one collective, the same on every rank (except the buffers' addresses, which are
 /// each rank's own; their offsets in the symmetric region are the same).
@@ -86,9 +115,55 @@ struct collective_args {
   /// must be the group's VT count), the same on every rank; a masked VT carries no bytes but still
   /// takes part in every step. n_vts == 0: equal shares over all VTs.
   reccl::shares vt_shares{};
+  /// Whether each VT checks, on the device, that every peer's call has the same arguments (set by
+  /// proxy_collectives: on where the ranks are in different processes; see the file comment).
+  bool peer_checks = false;
 };
 
 namespace detail {
+
+/// Bytes at the end of every receive area that carry the peer check's call digests (two calls in
+/// flight at most: slot = call index % 2); the reduce slots share the rest of the area.
+inline constexpr std::uint64_t digest_area_bytes = 64;
+RECCL_HOST_DEVICE constexpr std::uint64_t data_area(std::uint64_t area_bytes) {
+  return area_bytes > digest_area_bytes ? area_bytes - digest_area_bytes : 0;
+}
+
+/// A call as the peer check compares it: 32 bytes, sent inline with the first signal to each peer.
+struct call_words {
+  std::uint64_t call;    ///< this VT's call index
+  std::uint64_t count;
+  std::uint32_t kind;    ///< collective | dtype << 8 | op << 16
+  std::int32_t root;
+  std::uint64_t shares;  ///< FNV-1a of the resolved split
+};
+static_assert(sizeof(call_words) == 32 && 2 * sizeof(call_words) <= digest_area_bytes);
+
+RECCL_HOST_DEVICE call_words make_call_words(collective_args const& a, std::uint64_t call) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<std::uint64_t>(a.vt_shares.n_vts));
+  mix(a.vt_shares.live_mask);
+  for (int i = 0; i < max_vts; ++i) mix(a.vt_shares.w[i]);
+  return {call, a.count, static_cast<std::uint32_t>(a.coll) | static_cast<std::uint32_t>(a.type) << 8 | static_cast<std::uint32_t>(a.op) << 16,
+          a.coll == collective::broadcast ? a.root : 0, h};
+}
+/// The first field in which `theirs` differs from `mine` (none if they agree).
+RECCL_HOST_DEVICE call_field first_difference(call_words const& mine, call_words const& theirs) {
+  if (theirs.call != mine.call) return call_field::call_index;
+  if ((theirs.kind & 0xffu) != (mine.kind & 0xffu)) return call_field::collective;
+  if ((theirs.kind >> 8 & 0xffu) != (mine.kind >> 8 & 0xffu)) return call_field::dtype;
+  if ((theirs.kind >> 16) != (mine.kind >> 16)) return call_field::op;
+  if (theirs.count != mine.count) return call_field::count;
+  if (theirs.root != mine.root) return call_field::root;
+  if (theirs.shares != mine.shares) return call_field::vt_shares;
+  return call_field::none;
+}
 
 RECCL_HOST_DEVICE constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
 
@@ -144,6 +219,34 @@ __device__ inline bool wait_for(transport::proxy::handle const& h, collective_st
   return false;
 }
 
+// Thread 0, peer checks: where my call digest lands in peer's receive area (slot call % 2).
+__device__ inline std::uint64_t digest_offset(transport::proxy::handle const& h, std::uint64_t call) {
+  return data_area(h.layout.area_bytes) + (call & 1u) * sizeof(call_words);
+}
+// Thread 0, peer checks: after a wait on `peer`'s ready flag returned ok (which acquires the digest
+// the peer sent before that signal), compares the peer's digest with mine. false: stop.
+__device__ inline bool check_peer(transport::proxy::handle const& h, collective_state* st, cta_control& cc, int vt, int peer,
+                                  call_words const& mine) {
+  auto const* w = reinterpret_cast<std::uint64_t const volatile*>(h.recv_area(vt, peer) + digest_offset(h, mine.call));
+  call_words theirs{};
+  theirs.call = w[0];
+  theirs.count = w[1];
+  std::uint64_t const kr = w[2];
+  theirs.kind = static_cast<std::uint32_t>(kr);
+  theirs.root = static_cast<std::int32_t>(kr >> 32);
+  theirs.shares = w[3];
+  call_field const f = first_difference(mine, theirs);
+  if (f == call_field::none) return true;
+  if (atomicCAS(&st->fault_status, 0u, static_cast<std::uint32_t>(status::mismatch)) == 0u) {
+    st->fault_vt = vt;
+    st->fault_peer = peer;
+    st->fault_field = static_cast<std::uint32_t>(f);
+    st->fault_step = mine.call;
+  }
+  cc.abort = 1;
+  return false;
+}
+
 // All threads: dst[0, n) = reduction, in rank order, of src[0..nranks)[0, n). Sources and dst may
 // be unaligned (element loads then).
 template <class T>
@@ -166,14 +269,15 @@ __device__ void reduce_block(redop op, int nranks, char const* const* src, char*
 template <class T>
 __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args const& a, collective_state* st, cta_control& cc,
                               int vt, std::uint64_t seg, std::uint64_t in_seg, char* out_mine, std::uint64_t ready0,
-                              std::uint64_t round0, std::uint64_t dl, std::uint64_t& spins, std::uint64_t& rounds) {
+                              std::uint64_t round0, std::uint64_t dl, std::uint64_t& spins, std::uint64_t& rounds,
+                              call_words const* check) {
   constexpr int V = device::pack_elems<T>;
   constexpr std::uint64_t es = sizeof(T);
   int const me = h.rank, n = h.layout.nranks;
   std::uint64_t lo = 0, hi = 0;
   vt_range(a.vt_shares, seg, V, vt, lo, hi);
-  std::uint64_t const S = slot_elems(h.layout.area_bytes, a.slots, es, V);
-  std::uint64_t const slot_bytes = h.layout.area_bytes / a.slots;
+  std::uint64_t const S = slot_elems(data_area(h.layout.area_bytes), a.slots, es, V);
+  std::uint64_t const slot_bytes = data_area(h.layout.area_bytes) / a.slots;
   rounds = hi > lo ? ceil_div(hi - lo, S) : 0;
   auto const* in = static_cast<char const*>(a.in);
   auto chunk = [&](std::uint64_t k, int p, std::uint64_t& plo, std::uint64_t& phi) {
@@ -208,7 +312,7 @@ __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args
       if (k + ahead < rounds) post(k + ahead);  // its slot's credit is for round k - 1, done by now
       for (int p = 0; p < n && !cc.abort; ++p) {
         if (p == me) continue;
-        wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins);
+        if (wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins) && check && k == 0) check_peer(h, st, cc, vt, p, *check);
         cc.src[p] = reinterpret_cast<char const*>(h.recv_area(vt, p)) + slot * slot_bytes;
       }
       std::uint64_t plo = 0, phi = 0;
@@ -241,6 +345,10 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
   std::uint64_t spins = 0, steps = 0, rounds = 0;
   std::uint64_t const ready0 = st->ready_step[vt], round0 = st->credit_round[vt];
   bool ok = true;
+  // peer checks: my call's digest, sent to every peer before my first signal to it (inline, so the
+  // signal carries it; file comment), compared with each peer's after my first wait on it
+  call_words const mine = make_call_words(a, st->calls[vt]);
+  call_words const* const check = a.peer_checks ? &mine : nullptr;
 
   if constexpr (!std::is_same_v<T, device::raw_byte>) {
     // reductions
@@ -250,7 +358,10 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
     char* out = static_cast<char*>(a.out);
     char* out_mine = a.coll == collective::all_reduce ? out + static_cast<std::uint64_t>(me) * seg * es : out;
     std::uint64_t const in_seg = a.coll == collective::all_reduce ? seg : a.count;
-    ok = reduce_rounds<T>(h, a, st, cc, vt, seg, in_seg, out_mine, ready0, round0, dl, spins, rounds);
+    if (check && threadIdx.x == 0)
+      for (int p = 0; p < n; ++p)
+        if (p != me) h.put_inline(vt, p, digest_offset(h, mine.call), &mine, sizeof mine);
+    ok = reduce_rounds<T>(h, a, st, cc, vt, seg, in_seg, out_mine, ready0, round0, dl, spins, rounds, check);
     steps = rounds;
     if (ok && a.coll == collective::all_reduce) {
       // my reduced VT block into every peer's output
@@ -268,7 +379,8 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
           else h.signal(vt, p, flag::ready, val);
         }
         for (int p = 0; p < n && !cc.abort; ++p)
-          if (p != me) wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins);
+          if (p != me && wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins) && check && rounds == 0)
+            check_peer(h, st, cc, vt, p, mine);  // no reduce round: this was the first wait on p
       }
       steps = rounds + 1;
     }
@@ -281,10 +393,13 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
     char* out = static_cast<char*>(a.out);
     std::uint64_t const bar = ready0 + 1, val = ready0 + 2;
     if (threadIdx.x == 0) {
-      for (int p = 0; p < n; ++p)
-        if (p != me) h.signal(vt, p, flag::ready, bar);
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        if (check) h.put_inline(vt, p, digest_offset(h, mine.call), &mine, sizeof mine, flag::ready, bar);
+        else h.signal(vt, p, flag::ready, bar);
+      }
       for (int p = 0; p < n && !cc.abort; ++p)
-        if (p != me) wait_for(h, st, cc, vt, p, flag::ready, bar, dl, spins);
+        if (p != me && wait_for(h, st, cc, vt, p, flag::ready, bar, dl, spins) && check) check_peer(h, st, cc, vt, p, mine);
       if (!cc.abort) {
         auto put = [&](int p, char const* dst, char const* src) {
           if (nb > 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val);
@@ -326,6 +441,7 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
   if (!cc.abort) {
     st->ready_step[vt] = ready0 + steps;
     st->credit_round[vt] = round0 + rounds;
+    st->calls[vt] = mine.call + 1;
   }
 }
 
@@ -342,15 +458,22 @@ class proxy_collectives {
  public:
   /// CTAs of one rank's launch: one per VT. Threads per CTA (they reduce).
   static constexpr int threads = 512;
+  /// Whether the kernels compare every call's arguments with the peers' (see the file comment).
+  /// automatic: on where the ranks are in different processes (the host check sees one rank only).
+  enum class peer_checks { automatic, on, off };
 
-  /// `slots`: reduce rounds in flight per peer; each receive area is cut into that many slots.
-  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4) : g_(g), slots_(slots), agree_(g.nranks()) {
-    if (slots_ == 0 || detail::slot_elems(g.layout().area_bytes, slots_, 8, 2) == 0)
-      throw reccl::error(status::invalid_argument, "proxy_collectives: the receive area holds less than 16 bytes per slot");
+  /// `slots`: reduce rounds in flight per peer; each receive area (less 64 bytes for the peer
+  /// checks) is cut into that many slots.
+  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4, peer_checks checks = peer_checks::automatic)
+      : g_(g), slots_(slots), agree_(g.nranks()),
+        checks_(checks == peer_checks::on || (checks == peer_checks::automatic && g.process_rank() >= 0)) {
+    if (slots_ == 0 || detail::slot_elems(detail::data_area(g.layout().area_bytes), slots_, 8, 2) == 0)
+      throw reccl::error(status::invalid_argument, "proxy_collectives: the receive area holds less than 16 bytes per slot (after the 64 bytes of the peer checks)");
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
     state_.resize(static_cast<std::size_t>(g.nranks()), nullptr);
     for (int r = 0; r < g.nranks(); ++r) {
+      if (!g.is_local(r)) continue;
       RECCL_CUDA_CHECK(cudaSetDevice(g.memory(r).device));
       RECCL_CUDA_CHECK(cudaMalloc(&state_[static_cast<std::size_t>(r)], sizeof(collective_state)));
       RECCL_CUDA_CHECK(cudaMemset(state_[static_cast<std::size_t>(r)], 0, sizeof(collective_state)));
@@ -375,10 +498,12 @@ class proxy_collectives {
   void launch(int rank, collective_args a, cudaStream_t stream) {
     validate(rank, a);
     a.slots = slots_;
+    a.peer_checks = checks_;
     if (a.vt_shares.n_vts == 0) a.vt_shares = reccl::equal_shares(g_.layout().n_vts, reccl::all_live(g_.layout().n_vts));
     call_digest const d{a.coll, a.type, a.op, a.count, a.coll == collective::broadcast ? a.root : 0, a.vt_shares};
-    if (std::string const why = agree_.record(rank, d); !why.empty())
-      throw reccl::error(status::mismatch, "proxy collective: " + why, rank);
+    if (g_.process_rank() < 0)
+      if (std::string const why = agree_.record(rank, d); !why.empty())
+        throw reccl::error(status::mismatch, "proxy collective: " + why, rank);
     if (a.count == 0) return;
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
@@ -407,6 +532,7 @@ class proxy_collectives {
 
   /// Rank `rank`'s state (synchronous copy: call after its stream finished).
   collective_state state(int rank) const {
+    if (!g_.is_local(rank)) throw reccl::error(status::invalid_argument, "proxy collectives: rank " + std::to_string(rank) + " is not in this process", rank);
     collective_state s{};
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
@@ -415,12 +541,17 @@ class proxy_collectives {
     RECCL_CUDA_CHECK(cudaSetDevice(cur));
     return s;
   }
-  /// ok, or the first fault of any rank as an error naming the rank, VT and peer.
+  /// ok, or the first fault of any rank of this process as an error naming the rank, VT and peer.
   status check(std::string* message = nullptr) const {
     for (int r = 0; r < g_.nranks(); ++r) {
+      if (!g_.is_local(r)) continue;
       collective_state const s = state(r);
       if (s.fault_status != 0) {
-        if (message)
+        if (message && static_cast<status>(s.fault_status) == status::mismatch)
+          *message = "rank " + std::to_string(r) + " VT " + std::to_string(s.fault_vt) + ": mismatch: rank " + std::to_string(s.fault_peer) +
+                     "'s call " + std::to_string(s.fault_step) + " differs in " + name(static_cast<call_field>(s.fault_field)) +
+                     " (the collective stopped before writing outputs; rebuild the group)";
+        else if (message)
           *message = "rank " + std::to_string(r) + " VT " + std::to_string(s.fault_vt) + ": " +
                      std::string(name(static_cast<status>(s.fault_status))) + " waiting for rank " + std::to_string(s.fault_peer) +
                      " (step " + std::to_string(s.fault_step) + ")";
@@ -458,6 +589,7 @@ class proxy_collectives {
     auto bad = [](std::string const& m) { throw reccl::error(status::invalid_argument, "proxy collective: " + m); };
     window_layout const& L = g_.layout();
     if (rank < 0 || rank >= L.nranks) bad("rank out of range");
+    if (!g_.is_local(rank)) bad("rank " + std::to_string(rank) + " is not in this process");
     if (a.coll == collective::broadcast && (a.root < 0 || a.root >= L.nranks)) bad("root out of range");
     if (a.count == 0) return;
     auto const base = reinterpret_cast<std::uintptr_t>(g_.symmetric(rank));
@@ -500,7 +632,8 @@ class proxy_collectives {
 
   copy_engine_group& g_;
   std::uint32_t slots_;
-  call_agreement agree_;  ///< every rank's arguments, call by call
+  call_agreement agree_;  ///< every rank's arguments, call by call (all ranks in this process)
+  bool checks_;           ///< peer checks in the kernels
   std::vector<collective_state*> state_;
 };
 
