@@ -257,6 +257,12 @@ TEST_CASE("proxy: inline puts deliver bytes from anywhere, in order with their s
   CHECK(std::memcmp(w.windows[1].get() + w.layout.recv_offset(0, 0), three, 3) == 0);
   CHECK(h.error(0) == status::ok);
   CHECK(h.error(1) == status::ok);
+  // a flush after inline puts returns: completion counts their payload records too
+  for (std::size_t n : {std::size_t{1}, std::size_t{64}, std::size_t{65}, max_inline_bytes}) {
+    std::vector<std::byte> src(n, std::byte{7});
+    h.put_inline(1, 1, 0, src.data(), n);
+    CHECK(h.flush(1, clock_ns() + 5 * second).st == status::ok);
+  }
   // too many bytes for an inline put, or past the area: the VT's queue fails
   std::vector<std::byte> big(max_inline_bytes + 1);
   h.put_inline(0, 1, 0, big.data(), big.size());

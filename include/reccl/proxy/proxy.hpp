@@ -120,7 +120,8 @@ class proxy {
       work_request r;
       for (std::uint32_t n = 0; n < cfg_.batch && queues_[q].try_pop(r, payload_); ++n) {
         did = true;
-        std::uint64_t const seq = issued_[q]++;
+        std::uint64_t const seq = issued_[q];
+        issued_[q] = load_relaxed(&queues_[q].ctl->head);  // records, not requests: an inline put's payload counts
         if (failed_[q]) continue;  // discard: the producer already sees the queue's error
         status const st = execute(r);
         if (st != status::ok) {
@@ -151,7 +152,9 @@ class proxy {
     std::lock_guard<std::mutex> lock(mu_);
     return message_;
   }
-  /// Requests taken from queue q so far (read after stop(), or from the proxy thread).
+  /// Ring records taken from queue q so far (a request is one, an inline put one more per 64 bytes
+  /// of payload: the producer's sequence numbers count records, and so does mark_completed; read
+  /// after stop(), or from the proxy thread).
   std::uint64_t issued(std::size_t q) const { return issued_[q]; }
 
  private:
