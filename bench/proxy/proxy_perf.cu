@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   int factor = 4, iters = 20, warm = 5, vts = 4, gemm_n = 8192, gemm_iters = 0;
   std::string area_s = "1M";
   std::uint32_t slots = 4;
-  bool unbatched = false;
+  bool unbatched = false, peer_checks = false;
   std::vector<std::string> colls{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "alltoall"};
   app.add_option("-b,--minbytes", b_s);
   app.add_option("-e,--maxbytes", e_s);
@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--gemm_iters", gemm_iters, "GEMMs per overlap measurement (0: about 1 s worth)");
   app.add_option("--overlap_bytes", ov_s, "all-reduce size of the overlap study");
   app.add_flag("--unbatched", unbatched, "the proxy backend issues one CUDA call per copy and per signal");
+  app.add_flag("--peer_checks", peer_checks, "the kernels check the peers' arguments (as with one process per rank)");
   app.add_option("-J,--json", json_out);
   CLI11_PARSE(app, argc, argv);
   std::uint64_t const min_b = parse_size(b_s), max_b = parse_size(e_s), area = parse_size(area_s), ov_b = parse_size(ov_s);
@@ -115,7 +116,8 @@ int main(int argc, char** argv) {
   pcfg.backend.batched = !unbatched;
   if (!loop) pcfg.devices = {0, 1};
   proxy::copy_engine_group group(pcfg);
-  proxy::proxy_collectives pc(group, slots);
+  proxy::proxy_collectives pc(group, slots,
+                              peer_checks ? proxy::proxy_collectives::peer_checks::on : proxy::proxy_collectives::peer_checks::off);
 
   nvlink_config lcfg;
   std::vector<ncclComm_t> nccl;
@@ -215,8 +217,8 @@ int main(int argc, char** argv) {
   };
 
   std::string const where = loop ? "two loopback ranks on one GPU" : "one rank per GPU, GPUs 0 and 1";
-  std::printf("# reccl_proxy_perf: %s, %s; bf16 sum; proxy: %d VTs (= CTAs per rank), %s receive areas in %u slots, %s\n",
-              prop.name, where.c_str(), vts, area_s.c_str(), slots, unbatched ? "unbatched" : "batched submission");
+  std::printf("# reccl_proxy_perf: %s, %s; bf16 sum; proxy: %d VTs (= CTAs per rank), %s receive areas in %u slots, %s%s\n",
+              prop.name, where.c_str(), vts, area_s.c_str(), slots, unbatched ? "unbatched" : "batched submission", peer_checks ? ", peer checks" : "");
   std::printf("# %-14s %10s %11s %9s %11s %9s %5s %11s %9s %8s\n", "collective", "bytes", "proxy_us", "busbw", "ldst_us", "busbw",
               "ctas", "nccl_us", "busbw", "px/best");
   nlohmann::json J;
@@ -227,6 +229,7 @@ int main(int argc, char** argv) {
   J["area_bytes"] = area;
   J["slots"] = slots;
   J["batched"] = !unbatched;
+  J["peer_checks"] = peer_checks;
   J["rows"] = nlohmann::json::array();
   for (auto const& cs : colls) {
     collective const c = parse_coll(cs);

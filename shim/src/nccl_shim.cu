@@ -223,33 +223,66 @@ struct served_comm {
 /// Every rank's verdict on `ok`, for every communicator of `cs` (one grouped int32 min all-reduce
 /// on the real NCCL): true only if every rank of every one said yes. So a rank that cannot build
 /// its state never leaves the others serving, or waiting in a collective it will not join.
+/// A rank joins the all-reduce whatever failed before it (its peers would wait in NCCL forever
+/// otherwise): its flag falls back to pinned host memory if cudaMalloc fails, its stream to the
+/// legacy default stream if a stream cannot be created, and it then says no. Only a rank with
+/// neither device nor pinned memory for four bytes stays out.
 bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
   std::vector<int*> flag(cs.size(), nullptr);
+  std::vector<bool> pinned(cs.size(), false);
   std::vector<cudaStream_t> st(cs.size(), nullptr);
-  int const mine = ok ? 1 : 0;
-  bool agreed = true;
+  bool agreed = ok;
+  bool joinable = true;
   for (std::size_t i = 0; i < cs.size(); ++i) {
     int dev = 0;
-    agreed = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess &&
-             cudaMalloc(&flag[i], sizeof(int)) == cudaSuccess &&
-             cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking) == cudaSuccess &&
-             cudaMemcpy(flag[i], &mine, sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess && agreed;
+    bool fine = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess;
+    if (cudaMalloc(&flag[i], sizeof(int)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      fine = false;
+      flag[i] = nullptr;
+      void* h = nullptr;
+      if (cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess) {
+        flag[i] = static_cast<int*>(h);
+        pinned[i] = true;
+      }
+    }
+    if (cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking) != cudaSuccess) {
+      (void)cudaGetLastError();
+      fine = false;
+      st[i] = nullptr;  // the legacy default stream
+    }
+    agreed = agreed && fine;
+    joinable = joinable && flag[i] != nullptr;
   }
-  if (agreed) {  // a rank that could not even set this up stays out, and so do its peers (timeout: NCCL's)
+  int const mine = agreed ? 1 : 0;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (flag[i] == nullptr) continue;
+    if (pinned[i]) *flag[i] = mine;
+    else if (cudaMemcpy(flag[i], &mine, sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess) {
+      agreed = false;  // still joins, with a zeroed flag if the GPU takes even that
+      (void)cudaMemset(flag[i], 0, sizeof(int));
+    }
+  }
+  if (joinable) {
     RECCL_REAL(ncclGroupStart)();
     for (std::size_t i = 0; i < cs.size(); ++i)
       agreed = RECCL_REAL(ncclAllReduce)(flag[i], flag[i], 1, ncclInt32, ncclMin, cs[i], st[i]) == ncclSuccess && agreed;
     agreed = RECCL_REAL(ncclGroupEnd)() == ncclSuccess && agreed;
+  } else {
+    agreed = false;  // no memory at all for the flag: this rank cannot join (its peers wait in NCCL)
   }
   for (std::size_t i = 0; i < cs.size(); ++i) {
     int all = 0;
     int dev = 0;
     if (RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess) cudaSetDevice(dev);
-    if (agreed && st[i] != nullptr)
-      agreed = cudaStreamSynchronize(st[i]) == cudaSuccess &&
-               cudaMemcpy(&all, flag[i], sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && all == 1;
+    if (joinable) {
+      bool const done = cudaStreamSynchronize(st[i]) == cudaSuccess;
+      if (pinned[i]) all = *flag[i];
+      else if (!done || cudaMemcpy(&all, flag[i], sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) all = 0;
+      agreed = agreed && done && all == 1;
+    }
     if (st[i] != nullptr) cudaStreamDestroy(st[i]);
-    if (flag[i] != nullptr) cudaFree(flag[i]);
+    if (flag[i] != nullptr) pinned[i] ? (void)cudaFreeHost(flag[i]) : (void)cudaFree(flag[i]);
   }
   return agreed;
 }

@@ -20,9 +20,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "process_exchange.hpp"
+#include "reccl/host/exchange.hpp"
 #include "reccl/proxy/collective.hpp"
 #include "support.cuh"
 
@@ -31,6 +33,10 @@ using reccl::proxy::collective_args;
 using reccl::proxy::copy_engine_config;
 using reccl::proxy::copy_engine_group;
 using reccl::proxy::proxy_collectives;
+
+// The exchange an engine uses (ranks of an NCCL communicator; NCCL refuses two ranks on one GPU,
+// so here it is compiled, not run).
+static_assert(std::is_same_v<decltype(reccl::nccl_exchange(ncclComm_t{})), reccl::proxy::rank_exchange>);
 
 namespace {
 
@@ -296,12 +302,15 @@ void setup_failures(int me, int n, reccl::proxy::rank_exchange const& ex) {
     c.process_rank = me;
     c.exchange = ex;
     std::string what;
+    reccl::status st = reccl::status::ok;
     try {
       copy_engine_group g(c);
     } catch (reccl::error const& e) {
       what = e.what();
+      st = e.code();
     }
     (void)cudaGetLastError();
+    EXPECT(st == reccl::status::internal, "rank %d: a failed setup: expected internal, got %s", me, name(st).data());
     EXPECT(what.find("rank " + std::to_string(n - 1)) != std::string::npos, "rank %d: a failed setup: message %s", me, what.c_str());
     if (me == 0) std::fprintf(stderr, "rank 0: a rank's allocation fails: %s\n", what.c_str());
   }

@@ -248,6 +248,7 @@ class copy_engine_group {
     std::vector<ipc_record> all(static_cast<std::size_t>(cfg_.nranks));
     cfg_.exchange(&mine, all.data(), sizeof(ipc_record));
     std::string why = first_failure(all, "could not set up its memory");
+    if (!why.empty()) throw reccl::error(status::internal, "copy_engine_group: " + why);
     for (int r = 0; r < cfg_.nranks && why.empty(); ++r) {
       ipc_record const& o = all[static_cast<std::size_t>(r)];
       if (o.magic != record_magic || o.rank != r)
