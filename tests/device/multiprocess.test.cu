@@ -19,16 +19,6 @@ using namespace gpu_test;
 
 namespace {
 
-int fails = 0;
-#define EXPECT(cond, ...)                      \
-  do {                                         \
-    if (!(cond)) {                             \
-      ++fails;                                 \
-      std::fprintf(stderr, __VA_ARGS__);       \
-      std::fprintf(stderr, "\n");              \
-    }                                          \
-  } while (0)
-
 int rank_main(int rank, int n, ncclUniqueId id) {
   TEST_CK(cudaSetDevice(rank));
   ncclComm_t nc;
@@ -106,7 +96,7 @@ int rank_main(int rank, int n, ncclUniqueId id) {
   }  // reccl communicator torn down before the NCCL communicator
   TEST_NK(ncclCommFinalize(nc));
   TEST_NK(ncclCommDestroy(nc));
-  return fails == 0 ? 0 : 1;
+  return child_fails == 0 ? 0 : 1;
 }
 
 }  // namespace

@@ -81,18 +81,10 @@ struct outcome {
   std::string msg;
 };
 
-// Rank r's input and output for collective c: distinct buffers, or NCCL's in-place layouts (the
-// input is the output for all-reduce and broadcast, this rank's segment of it for all-gather;
-// reduce-scatter's output is this rank's segment of the input). `shift` bytes off the buffers'
+// Rank r's input and output for collective c (collective_buffers), `shift` bytes off the buffers'
 // starts (unaligned cases).
 std::pair<char*, char*> buffers(setup const& S, collective c, int r, std::uint64_t seg_bytes, bool in_place, std::uint64_t shift) {
-  char* in = S.in(r) + shift;
-  char* out = S.out(r) + shift;
-  if (!in_place) return {in, out};
-  std::uint64_t const mine = static_cast<std::uint64_t>(r) * seg_bytes;
-  if (c == collective::all_gather) return {out + mine, out};
-  if (c == collective::reduce_scatter) return {in, in + mine};
-  return {out, out};
+  return collective_buffers(c, r, S.in(r) + shift, S.out(r) + shift, seg_bytes, in_place);
 }
 
 // One collective on every rank, random inputs, outputs and guards poisoned, checked against the

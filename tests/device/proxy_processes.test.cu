@@ -40,16 +40,6 @@ static_assert(std::is_same_v<decltype(reccl::nccl_exchange(ncclComm_t{})), reccl
 
 namespace {
 
-int fails = 0;
-#define EXPECT(cond, ...)                    \
-  do {                                       \
-    if (!(cond)) {                           \
-      ++fails;                               \
-      std::fprintf(stderr, __VA_ARGS__);     \
-      std::fprintf(stderr, "\n");            \
-    }                                        \
-  } while (0)
-
 constexpr std::uint64_t guard = 64;
 constexpr int skip_code = 77;
 
@@ -97,14 +87,7 @@ case_result run_case(rank_setup& S, collective c, dtype t, redop op, std::uint64
   std::vector<unsigned char> poison(ob + guard);
   for (auto& b : poison) b = static_cast<unsigned char>(rng());
   bool const rs_in_place = in_place && c == collective::reduce_scatter;
-  char* inp = S.in();
-  char* out = S.out();
-  if (in_place) {
-    std::uint64_t const mine = static_cast<std::uint64_t>(me) * count * es;
-    if (c == collective::all_gather) inp = out + mine;
-    else if (c == collective::reduce_scatter) out = inp + mine;
-    else inp = out;
-  }
+  auto const [inp, out] = collective_buffers(c, me, S.in(), S.out(), count * es, in_place);
   char* const guard_at = rs_in_place ? inp + ib : out + ob;
   if (!rs_in_place) TEST_CK(cudaMemcpy(out, poison.data(), ob, cudaMemcpyHostToDevice));
   TEST_CK(cudaMemcpy(guard_at, poison.data() + ob, guard, cudaMemcpyHostToDevice));
@@ -273,6 +256,16 @@ void argument_mismatch(int me, int n, reccl::proxy::rank_exchange const& ex) {
     }
 }
 
+// Constructs and destroys a group: its error's status and message (ok and "" if none).
+std::pair<reccl::status, std::string> try_group(copy_engine_config const& c) {
+  try {
+    copy_engine_group g(c);
+  } catch (reccl::error const& e) {
+    return {e.code(), e.what()};
+  }
+  return {reccl::status::ok, {}};
+}
+
 // Ranks whose layouts differ, or one whose setup fails: every rank's constructor throws, naming it.
 void setup_failures(int me, int n, reccl::proxy::rank_exchange const& ex) {
   {
@@ -282,14 +275,7 @@ void setup_failures(int me, int n, reccl::proxy::rank_exchange const& ex) {
     c.symmetric_bytes = 1 << 20;
     c.process_rank = me;
     c.exchange = ex;
-    std::string what;
-    reccl::status st = reccl::status::ok;
-    try {
-      copy_engine_group g(c);
-    } catch (reccl::error const& e) {
-      what = e.what();
-      st = e.code();
-    }
+    auto const [st, what] = try_group(c);
     EXPECT(st == reccl::status::mismatch, "rank %d: layouts differ: expected mismatch, got %s (%s)", me, name(st).data(), what.c_str());
     EXPECT(what.find("layout") != std::string::npos, "rank %d: message: %s", me, what.c_str());
     if (me == 0) std::fprintf(stderr, "rank 0: layouts differ: %s\n", what.c_str());
@@ -301,14 +287,7 @@ void setup_failures(int me, int n, reccl::proxy::rank_exchange const& ex) {
     c.symmetric_bytes = me == n - 1 ? (std::uint64_t{1} << 50) : (1u << 20);  // the last rank's cudaMalloc fails
     c.process_rank = me;
     c.exchange = ex;
-    std::string what;
-    reccl::status st = reccl::status::ok;
-    try {
-      copy_engine_group g(c);
-    } catch (reccl::error const& e) {
-      what = e.what();
-      st = e.code();
-    }
+    auto const [st, what] = try_group(c);
     (void)cudaGetLastError();
     EXPECT(st == reccl::status::internal, "rank %d: a failed setup: expected internal, got %s", me, name(st).data());
     EXPECT(what.find("rank " + std::to_string(n - 1)) != std::string::npos, "rank %d: a failed setup: message %s", me, what.c_str());
@@ -338,7 +317,7 @@ int child_main(int me, int n, reccl::proxy::rank_exchange ex) {
   missing_rank(me, n, ex);
   argument_mismatch(me, n, ex);
   setup_failures(me, n, ex);
-  return fails == 0 ? 0 : 1;
+  return child_fails == 0 ? 0 : 1;
 }
 
 // Forks n ranks; true if all passed (or all skipped: no GPU).

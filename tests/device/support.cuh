@@ -8,9 +8,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reccl/host/communicator.hpp"
@@ -32,6 +34,29 @@ using reccl::redop;
     ncclResult_t r_ = (x);                                                                           \
     if (r_ != ncclSuccess) throw std::runtime_error(std::string(#x) + ": " + ncclGetErrorString(r_)); \
   } while (0)
+
+/// Failed expectations of a forked rank (doctest's checks do not reach the parent from a child):
+/// EXPECT prints the message to stderr and counts it; the child's exit code reports the count.
+inline int child_fails = 0;
+#define EXPECT(cond, ...)                    \
+  do {                                       \
+    if (!(cond)) {                           \
+      ++::gpu_test::child_fails;             \
+      std::fprintf(stderr, __VA_ARGS__);     \
+      std::fprintf(stderr, "\n");            \
+    }                                        \
+  } while (0)
+
+/// Rank r's input and output for collective c, from its own `in` and `out` buffers: themselves, or
+/// NCCL's in-place layouts (the input is the output for all-reduce and broadcast, this rank's
+/// segment of it for all-gather; reduce-scatter's output is this rank's segment of the input).
+inline std::pair<char*, char*> collective_buffers(collective c, int r, char* in, char* out, std::uint64_t seg_bytes, bool in_place) {
+  if (!in_place) return {in, out};
+  std::uint64_t const mine = static_cast<std::uint64_t>(r) * seg_bytes;
+  if (c == collective::all_gather) return {out + mine, out};
+  if (c == collective::reduce_scatter) return {in, in + mine};
+  return {out, out};
+}
 
 /// Whether a CUDA device is present; REQUIRE_GPU() ends a doctest case with "skipped: no GPU" if not.
 inline bool have_gpu() {
