@@ -7,7 +7,9 @@
 # proxy-ab: the copy-engine proxy's submission modes side by side (batched / one call per operation)
 # in reccl_proxy_cost and reccl_proxy_perf, the floods longer than the queue (kernels loaded first,
 # lazily loaded, CUDA_MODULE_LOADING=EAGER), reccl_sysmem_probe with and without a kernel beside,
-# reccl_call_cost; AB_PARTS="cost flood sysmem calls perf" picks the parts (default all).
+# reccl_call_cost, the proxy collectives with inline puts of at most 0 / 256 / 1024 bytes at small
+# sizes (interleaved, three runs each); AB_PARTS="cost flood sysmem calls inline perf" picks the
+# parts (default all).
 #
 # shim: libreccl_nccl.so's GPU test, then NVIDIA's nccl-tests under NCCL and under the shim
 # (binaries from $NCCL_TESTS_BIN, default $RECCL_GPU_BIN/nccl-tests: scripts/build-gpu-bin.sh
@@ -232,7 +234,7 @@ if has proxy; then
 fi
 
 if has proxy-ab; then
-  AB=" ${AB_PARTS:-cost flood sysmem calls perf} "
+  AB=" ${AB_PARTS:-cost flood sysmem calls inline perf} "
   if [[ "$AB" == *" cost "* ]]; then
     log "proxy submission A/B: reccl_proxy_cost"
     for mode in batched unbatched inline; do
@@ -265,6 +267,17 @@ if has proxy-ab; then
     log "reccl_call_cost: the backend's CUDA calls"
     timeout 120 "$CALLS" -J "$OUT/call_cost.json" >"$OUT/call_cost.txt" 2>&1
     rc=$?; SUMMARY+=("call cost: rc=$rc")
+  fi
+  if [[ "$AB" == *" inline "* ]]; then
+    # small collectives with puts inline up to 0 / 256 (the default) / 1024 bytes, interleaved
+    log "proxy collectives: inline puts of at most 0 / 256 / 1024 bytes"
+    for rep in 1 2 3; do
+      for ib in 0 256 1024; do
+        timeout 120 "$PXP" --inline_bytes $ib ${PROXY_INLINE_ARGS:---gemm 0 -b 256 -e 64K -f 4 -n 200 -w 20} \
+          -J "$OUT/ab_inline_${ib}_$rep.json" >"$OUT/ab_inline_${ib}_$rep.txt" 2>&1
+        rc=$?; SUMMARY+=("proxy perf inline $ib (run $rep): rc=$rc")
+      done
+    done
   fi
   if [[ "$AB" == *" perf "* ]]; then
     log "proxy collectives, batched vs unbatched"
@@ -304,6 +317,7 @@ for s in "${SUMMARY[@]}"; do echo "$s"; done
 [[ -f "$OUT/proxy_cost.txt" ]] && sed -n '/reccl_proxy_cost (/,$p' "$OUT/proxy_cost.txt"
 [[ -f "$OUT/proxy_perf.txt" ]] && cat "$OUT/proxy_perf.txt"
 [[ -f "$OUT/call_cost.txt" ]] && cat "$OUT/call_cost.txt"
+ls "$OUT"/ab_inline_*.json >/dev/null 2>&1 && { echo "-- proxy collectives by inline_bytes (median us, runs)"; python3 bench/proxy/inline_table.py "$OUT"; }
 for f in "$OUT"/ab_perf_*.txt; do [[ -f "$f" ]] && { echo "-- $(basename "$f")"; grep -v '^$' "$f"; }; done
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"

@@ -4,7 +4,8 @@
 // reported for each transport.
 //
 //   reccl_proxy_perf [-b 1M] [-e 256M] [-f 4] [-n 20] [-w 5] [--vts 4] [--area 1M] [--slots 4]
-//                    [--colls all_reduce,...] [--gemm 8192] [--overlap_bytes 256M] [-J out.json]
+//                    [--inline_bytes 256] [--colls all_reduce,...] [--gemm 8192] [--overlap_bytes 256M]
+//                    [-J out.json]
 //
 // Ranks: one per GPU when there are two or more GPUs (two ranks), else two loopback ranks on GPU 0
 // (the "peer" copies are then copies inside one GPU: the figures show the protocol's cost and the
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   std::string b_s = "1M", e_s = "256M", ov_s = "256M", json_out;
   int factor = 4, iters = 20, warm = 5, vts = 4, gemm_n = 8192, gemm_iters = 0;
   std::string area_s = "1M";
-  std::uint32_t slots = 4;
+  std::uint32_t slots = 4, inline_bytes = proxy::proxy_collectives::default_inline_bytes;
   bool unbatched = false, peer_checks = false;
   std::vector<std::string> colls{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "alltoall"};
   app.add_option("-b,--minbytes", b_s);
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("--vts", vts, "VTs of the proxy path (CTAs per rank)");
   app.add_option("--area", area_s, "receive area per VT and peer (reduction staging)");
   app.add_option("--slots", slots, "reduce rounds in flight per peer");
+  app.add_option("--inline_bytes", inline_bytes, "puts of at most this many bytes go inline (0: none)");
   app.add_option("--colls", colls)->delimiter(',');
   app.add_option("--gemm", gemm_n, "M = N = K of the overlap GEMM (0: no overlap study)");
   app.add_option("--gemm_iters", gemm_iters, "GEMMs per overlap measurement (0: about 1 s worth)");
@@ -117,7 +119,8 @@ int main(int argc, char** argv) {
   if (!loop) pcfg.devices = {0, 1};
   proxy::copy_engine_group group(pcfg);
   proxy::proxy_collectives pc(group, slots,
-                              peer_checks ? proxy::proxy_collectives::peer_checks::on : proxy::proxy_collectives::peer_checks::off);
+                              peer_checks ? proxy::proxy_collectives::peer_checks::on : proxy::proxy_collectives::peer_checks::off,
+                              inline_bytes);
 
   nvlink_config lcfg;
   std::vector<ncclComm_t> nccl;
@@ -217,8 +220,10 @@ int main(int argc, char** argv) {
   };
 
   std::string const where = loop ? "two loopback ranks on one GPU" : "one rank per GPU, GPUs 0 and 1";
-  std::printf("# reccl_proxy_perf: %s, %s; bf16 sum; proxy: %d VTs (= CTAs per rank), %s receive areas in %u slots, %s%s\n",
-              prop.name, where.c_str(), vts, area_s.c_str(), slots, unbatched ? "unbatched" : "batched submission", peer_checks ? ", peer checks" : "");
+  std::printf("# reccl_proxy_perf: %s, %s; bf16 sum; proxy: %d VTs (= CTAs per rank), %s receive areas in %u slots, %s%s, "
+              "puts inline up to %u bytes\n",
+              prop.name, where.c_str(), vts, area_s.c_str(), slots, unbatched ? "unbatched" : "batched submission", peer_checks ? ", peer checks" : "",
+              pc.inline_bytes());
   std::printf("# %-14s %10s %11s %9s %11s %9s %5s %11s %9s %8s\n", "collective", "bytes", "proxy_us", "busbw", "ldst_us", "busbw",
               "ctas", "nccl_us", "busbw", "px/best");
   nlohmann::json J;
@@ -230,6 +235,7 @@ int main(int argc, char** argv) {
   J["slots"] = slots;
   J["batched"] = !unbatched;
   J["peer_checks"] = peer_checks;
+  J["inline_bytes"] = pc.inline_bytes();
   J["rows"] = nlohmann::json::array();
   for (auto const& cs : colls) {
     collective const c = parse_coll(cs);

@@ -41,7 +41,8 @@ struct setup {
   int n = 0;
 
   setup(int nranks, int n_vts, std::uint64_t cap_bytes, bool two_gpus, std::uint64_t area = 64 << 10, std::uint32_t slots = 4,
-        proxy_collectives::peer_checks checks = proxy_collectives::peer_checks::automatic) {
+        proxy_collectives::peer_checks checks = proxy_collectives::peer_checks::automatic,
+        std::uint32_t inline_bytes = proxy_collectives::default_inline_bytes) {
     n = nranks;
     cap = cap_bytes;
     copy_engine_config c;
@@ -52,7 +53,7 @@ struct setup {
     c.symmetric_bytes = 2 * (cap + guard) + 256;
     if (two_gpus) c.devices = {0, 1};
     g = std::make_unique<copy_engine_group>(c);
-    pc = std::make_unique<proxy_collectives>(*g, slots, checks);
+    pc = std::make_unique<proxy_collectives>(*g, slots, checks, inline_bytes);
     for (int r = 0; r < n; ++r) {
       TEST_CK(cudaSetDevice(g->memory(r).device));
       cudaStream_t x;
@@ -292,6 +293,52 @@ TEST_CASE("proxy collectives: with the peer checks on (as across processes) resu
     }
   MESSAGE(cases << " cases with peer checks, " << bad << " wrong");
   CHECK(bad == 0);
+}
+
+TEST_CASE("proxy collectives: puts inline up to 1 KiB, or none inline, give the same results as the default") {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(1024);
+  long cases = 0, bad = 0;
+  for (std::uint32_t ib : {0u, 1024u})
+    for (int n : {2, 3})
+      for (int vts : {1, 3}) {
+        // 4 KiB areas (4 slots of 1008 bytes): reductions take rounds whose last chunk is small
+        setup S(n, vts, 1u << 20, false, 4 << 10, 4, proxy_collectives::peer_checks::automatic, ib);
+        REQUIRE(S.pc->inline_bytes() == ib);
+        for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather, collective::broadcast,
+                             collective::all_to_all})
+          for (dtype t : {dtype::float32, dtype::bfloat16, dtype::int64})
+            for (std::uint64_t count : {1, 3, 63, 64, 65, 127, 128, 129, 255, 256, 257, 500, 1000, 3001}) {
+              bool const ip = count % 2 == 1 && c != collective::all_to_all;
+              std::uint64_t const off = count % 3 == 0 ? 3 : 0;
+              int const root = c == collective::broadcast ? static_cast<int>(count % static_cast<std::uint64_t>(n)) : 0;
+              redop const op = count % 4 == 1 ? redop::max : redop::sum;
+              outcome const o = run_case(S, c, t, op, count, ip, root, off, rng);
+              ++cases;
+              if (o.wrong || o.guard_hit || o.st != reccl::status::ok) {
+                ++bad;
+                MESSAGE("inline " << ib << " " << name(c) << " " << name(t) << " count " << count << " ranks " << n << " VTs " << vts
+                                  << ": wrong " << o.wrong << " guard " << o.guard_hit << " " << o.msg);
+                REQUIRE(o.st == reccl::status::ok);  // counters out of step: stop here
+              }
+            }
+        // the proxies took inline puts exactly when they were allowed (no peer checks here)
+        for (int r = 0; r < n; ++r) {
+          std::uint64_t const taken = S.g->inline_puts_taken(r);
+          MESSAGE("inline " << ib << " ranks " << n << " VTs " << vts << ": rank " << r << " took " << taken << " inline puts");
+          if (ib == 0) CHECK(taken == 0);
+          else CHECK(taken > 50);
+        }
+      }
+  MESSAGE(cases << " cases with inline puts of at most 0 and 1024 bytes, " << bad << " wrong");
+  CHECK(bad == 0);
+  // more than an inline put carries is refused
+  copy_engine_config c;
+  c.nranks = 2;
+  c.symmetric_bytes = 4096;
+  copy_engine_group g(c);
+  CHECK_THROWS_WITH_AS(proxy_collectives(g, 4, proxy_collectives::peer_checks::off, reccl::proxy::max_inline_bytes + 1),
+                       doctest::Contains("inline_bytes"), reccl::error);
 }
 
 TEST_CASE("proxy collectives: back-to-back calls and CUDA-graph replays continue the counters") {

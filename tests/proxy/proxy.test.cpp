@@ -271,6 +271,41 @@ TEST_CASE("proxy: inline puts deliver bytes from anywhere, in order with their s
   CHECK(h.error(1) == status::invalid_argument);
 }
 
+TEST_CASE("proxy: a symmetric inline put lands at the sender's offset in the peer's (or my) symmetric region") {
+  world w(3, 2, 128, 64, true, 4096);
+  std::uint64_t const sym = w.layout.symmetric_offset();
+  handle const h = w.at(0);
+  std::mt19937_64 g(11);
+  for (int round = 1; round <= 100; ++round) {
+    std::size_t const n = g() % (max_inline_bytes + 1);
+    std::vector<std::byte> src(n + 1);  // outside the window, unaligned
+    fill(src.data() + 1, n, 0, 2, round % 2, round);
+    std::size_t const off = static_cast<std::size_t>(g() % (4096 - n + 1));
+    int const peer = round % 3;  // peer 0: myself
+    h.put_symmetric_inline(round % 2, peer, h.window + sym + off, src.data() + 1, n, flag::ready, static_cast<std::uint64_t>(round));
+    src.assign(src.size(), std::byte{0});  // taken at the call
+    REQUIRE(w.at(peer).wait(round % 2, 0, flag::ready, static_cast<std::uint64_t>(round), clock_ns() + 5 * second).st == status::ok);
+    std::vector<std::byte> want(n);
+    fill(want.data(), n, 0, 2, round % 2, round);
+    CHECK(std::memcmp(w.windows[static_cast<std::size_t>(peer)].get() + sym + off, want.data(), n) == 0);
+  }
+  CHECK(h.error(0) == status::ok);
+  CHECK(h.error(1) == status::ok);
+  // a destination in the receive areas, past the region's end, too many bytes, or no such peer
+  std::vector<std::byte> big(max_inline_bytes + 1);
+  auto fails = [&](auto&& post) {
+    world x(3, 1, 128, 64, true, 4096);
+    handle const k = x.at(0);
+    post(k);
+    return k.error(0) == status::invalid_argument;
+  };
+  CHECK(fails([&](handle const& k) { k.put_symmetric_inline(0, 1, k.window + 8, big.data(), 16); }));
+  CHECK(fails([&](handle const& k) { k.put_symmetric_inline(0, 1, k.window + k.layout.window_bytes() - 8, big.data(), 16); }));
+  CHECK(fails([&](handle const& k) { k.put_symmetric_inline(0, 1, k.window + sym, big.data(), big.size()); }));
+  CHECK(fails([&](handle const& k) { k.put_symmetric_inline(0, 3, k.window + sym, big.data(), 16); }));
+  CHECK_FALSE(fails([&](handle const& k) { k.put_symmetric_inline(0, 1, k.window + sym, big.data(), max_inline_bytes); }));
+}
+
 TEST_CASE("proxy: a wait with no signal times out at its deadline and counts spins") {
   world w(2, 1, 64, 4);
   std::uint64_t const t0 = clock_ns();

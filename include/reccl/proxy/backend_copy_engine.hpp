@@ -50,6 +50,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -113,6 +114,10 @@ class copy_engine_backend {
   std::uint64_t bytes_moved() const { return bytes_moved_; }
   /// Signals that were not written because a later one to the same flag in the pass replaced them.
   std::uint64_t signals_coalesced() const { return coalesced_; }
+  /// Inline puts taken so far (any thread may read it while the proxy runs).
+  std::uint64_t inline_puts() const { return inline_puts_.load(std::memory_order_relaxed); }
+  /// Whether a backend built with `opt` carries inline puts (they need the batched submission).
+  static constexpr bool carries_inline(copy_engine_options opt) { return opt.batched && have_batch; }
 
   status put(work_request const& r) { return copy(r, rank_, r.peer, r.dst_offset, r.src_offset); }
   status get(work_request const& r) { return copy(r, r.peer, rank_, r.dst_offset, r.src_offset); }
@@ -131,6 +136,7 @@ class copy_engine_backend {
     l.inline_at.push_back(l.inline_data.size());
     l.inline_data.insert(l.inline_data.end(), payload.begin(), payload.end());
     bytes_moved_ += r.bytes;
+    inline_puts_.fetch_add(1, std::memory_order_relaxed);
     return status::ok;
   }
 
@@ -327,6 +333,7 @@ class copy_engine_backend {
   std::string message_;
   std::uint64_t bytes_moved_ = 0;
   std::uint64_t coalesced_ = 0;
+  std::atomic<std::uint64_t> inline_puts_{0};
 };
 
 static_assert(InlineBackend<copy_engine_backend>);

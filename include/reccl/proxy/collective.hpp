@@ -26,6 +26,13 @@
 // visible to the copy engines by a system-scope fence before the put that reads them; a wait that
 // returns ok acquires the bytes of every put the peer queued before its signal.
 //
+// Inline puts: a put of at most inline_bytes (a proxy_collectives option, 256 by default) is
+// written by thread 0 into the queue itself (put_inline / put_symmetric_inline) instead of being
+// copied by the proxy from the window. That saves the proxy's device-to-device copy, ~4 us of
+// driver time each, and costs the thread one 16-byte store across PCIe per 16 bytes: measured on one
+// H200, one thread wins up to 256 bytes and loses at 1 KiB (bench/NOTES.md 25, 27). Their sources
+// are read by the posting thread (the input, or the CTA's own reduced bytes after a __syncthreads).
+//
 // Faults: every wait has the collective's deadline; the first failed wait or queue error of a rank
 // is recorded (status, VT, peer, step) and that VT's CTA stops. The rank's counters are then out of
 // step with its peers: the group must be rebuilt before the next collective.
@@ -118,6 +125,9 @@ struct collective_args {
   /// Whether each VT checks, on the device, that every peer's call has the same arguments (set by
   /// proxy_collectives: on where the ranks are in different processes; see the file comment).
   bool peer_checks = false;
+  /// Puts of at most this many bytes go inline (set by proxy_collectives; see the file comment).
+  /// A rank's own choice: the bytes that land are the same either way.
+  std::uint32_t inline_max = 0;
 };
 
 namespace detail {
@@ -295,9 +305,12 @@ __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args
       if (p == me) continue;
       std::uint64_t plo = 0, phi = 0;
       chunk(k, p, plo, phi);
-      if (phi > plo)
-        h.put_with_signal(vt, p, slot * slot_bytes, in + (in_seg * static_cast<std::uint64_t>(p) + plo) * es, (phi - plo) * es,
-                          flag::ready, val);
+      char const* const src = in + (in_seg * static_cast<std::uint64_t>(p) + plo) * es;
+      std::uint64_t const bytes = (phi - plo) * es;
+      if (phi > plo && bytes <= a.inline_max)
+        h.put_inline(vt, p, slot * slot_bytes, src, bytes, flag::ready, val);
+      else if (phi > plo)
+        h.put_with_signal(vt, p, slot * slot_bytes, src, bytes, flag::ready, val);
       else
         h.signal(vt, p, flag::ready, val);
     }
@@ -373,9 +386,11 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
       if (threadIdx.x == 0) {
         __threadfence_system();  // the CTA's reduced bytes are visible to the copy engines
         char const* p0 = out_mine + plo * es;
+        std::uint64_t const bytes = (phi - plo) * es;
         for (int p = 0; p < n; ++p) {
           if (p == me) continue;
-          if (phi > plo) h.put_symmetric_with_signal(vt, p, p0, p0, (phi - plo) * es, flag::ready, val);
+          if (phi > plo && bytes <= a.inline_max) h.put_symmetric_inline(vt, p, p0, p0, bytes, flag::ready, val);
+          else if (phi > plo) h.put_symmetric_with_signal(vt, p, p0, p0, bytes, flag::ready, val);
           else h.signal(vt, p, flag::ready, val);
         }
         for (int p = 0; p < n && !cc.abort; ++p)
@@ -402,7 +417,8 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
         if (p != me && wait_for(h, st, cc, vt, p, flag::ready, bar, dl, spins) && check) check_peer(h, st, cc, vt, p, mine);
       if (!cc.abort) {
         auto put = [&](int p, char const* dst, char const* src) {
-          if (nb > 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val);
+          if (nb > 0 && nb <= a.inline_max) h.put_symmetric_inline(vt, p, dst, src, nb, flag::ready, val);
+          else if (nb > 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val);
           else h.signal(vt, p, flag::ready, val);
         };
         std::uint64_t const mine = static_cast<std::uint64_t>(me) * a.count;
@@ -462,13 +478,22 @@ class proxy_collectives {
   /// automatic: on where the ranks are in different processes (the host check sees one rank only).
   enum class peer_checks { automatic, on, off };
 
+  /// Puts of at most this many bytes go inline by default (see the file comment).
+  static constexpr std::uint32_t default_inline_bytes = 256;
+
   /// `slots`: reduce rounds in flight per peer; each receive area (less 64 bytes for the peer
-  /// checks) is cut into that many slots.
-  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4, peer_checks checks = peer_checks::automatic)
+  /// checks) is cut into that many slots. `inline_bytes`: the largest put that goes inline (0:
+  /// none; at most max_inline_bytes); none where the group's backends carry no inline puts.
+  explicit proxy_collectives(copy_engine_group& g, std::uint32_t slots = 4, peer_checks checks = peer_checks::automatic,
+                             std::uint32_t inline_bytes = default_inline_bytes)
       : g_(g), slots_(slots), agree_(g.nranks()),
-        checks_(checks == peer_checks::on || (checks == peer_checks::automatic && g.process_rank() >= 0)) {
+        checks_(checks == peer_checks::on || (checks == peer_checks::automatic && g.process_rank() >= 0)),
+        inline_max_(g.inline_puts() ? inline_bytes : 0) {
     if (slots_ == 0 || detail::slot_elems(detail::data_area(g.layout().area_bytes), slots_, 8, 2) == 0)
       throw reccl::error(status::invalid_argument, "proxy_collectives: the receive area holds less than 16 bytes per slot (after the 64 bytes of the peer checks)");
+    if (inline_bytes > max_inline_bytes)
+      throw reccl::error(status::invalid_argument, "proxy_collectives: inline_bytes " + std::to_string(inline_bytes) +
+                                                       " is more than an inline put carries (" + std::to_string(max_inline_bytes) + ")");
     int cur = 0;
     RECCL_CUDA_CHECK(cudaGetDevice(&cur));
     state_.resize(static_cast<std::size_t>(g.nranks()), nullptr);
@@ -499,6 +524,7 @@ class proxy_collectives {
     validate(rank, a);
     a.slots = slots_;
     a.peer_checks = checks_;
+    a.inline_max = inline_max_;
     if (a.vt_shares.n_vts == 0) a.vt_shares = reccl::equal_shares(g_.layout().n_vts, reccl::all_live(g_.layout().n_vts));
     call_digest const d{a.coll, a.type, a.op, a.count, a.coll == collective::broadcast ? a.root : 0, a.vt_shares};
     if (g_.process_rank() < 0)
@@ -567,6 +593,8 @@ class proxy_collectives {
     }
     return status::ok;
   }
+  /// The largest put that goes inline (0: none).
+  std::uint32_t inline_bytes() const { return inline_max_; }
   /// Whether CUDA loads modules lazily in this process (CUDA_MODULE_LOADING unset or LAZY): then
   /// every kernel that may run beside a collective must be loaded first (see the file comment).
   static bool lazy_module_loading() {
@@ -634,6 +662,7 @@ class proxy_collectives {
   std::uint32_t slots_;
   call_agreement agree_;  ///< every rank's arguments, call by call (all ranks in this process)
   bool checks_;           ///< peer checks in the kernels
+  std::uint32_t inline_max_;  ///< the largest inline put (0: none)
   std::vector<collective_state*> state_;
 };
 

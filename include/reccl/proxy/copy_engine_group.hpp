@@ -108,6 +108,13 @@ class copy_engine_group {
   /// Whether this process holds rank `rank` (its queues, proxy and kernels).
   bool is_local(int rank) const { return cfg_.process_rank < 0 ? rank >= 0 && rank < cfg_.nranks : rank == cfg_.process_rank; }
   window_layout const& layout() const { return layout_; }
+  /// Whether the ranks' backends carry inline puts (transport::proxy::handle::put_inline).
+  bool inline_puts() const { return copy_engine_backend::carries_inline(cfg_.backend); }
+  /// Inline puts (with a payload) rank `rank`'s proxy has taken so far. A local rank only.
+  std::uint64_t inline_puts_taken(int rank) const {
+    rank_state const& s = local(rank);
+    return s.backend ? s.backend->inline_puts() : 0;
+  }
   /// Rank `rank`'s memory as this process addresses it (another process's rank: its opened window).
   device_memory const& memory(int rank) const { return mem_.at(static_cast<std::size_t>(rank)); }
   /// Rank `rank`'s symmetric region (layout().symmetric_bytes bytes of device memory on its GPU):

@@ -165,6 +165,24 @@ struct proxy {
                       reccl::proxy::clock_ns() + push_timeout_ns);
     }
 
+    /// put_inline to peer's window at the offset that `dst` has in mine (`dst` inside my symmetric
+    /// region, as put_symmetric; peer == rank lands in my own window), then, if value != 0,
+    /// signal(vt, peer, f, value) as part of the same request. `src` may be any memory this
+    /// producer can read and may be reused as soon as the call returns. Too many bytes or a range
+    /// outside the symmetric region fail the VT's queue with status::invalid_argument.
+    RECCL_HOST_DEVICE void put_symmetric_inline(int vt, int peer, void const* dst, void const* src, std::size_t bytes,
+                                                flag f = flag::ready, std::uint64_t value = 0) const {
+      if (vt < 0 || vt >= layout.n_vts) return;
+      std::uint64_t d = 0;
+      if (peer < 0 || peer >= layout.nranks || bytes > reccl::proxy::max_inline_bytes || (src == nullptr && bytes != 0) ||
+          !in_window(dst, bytes, layout.symmetric_offset(), d)) {
+        queues[vt].fail(status::invalid_argument);
+        return;
+      }
+      queues[vt].push_inline(reccl::proxy::make_put_inline(peer, d, bytes, layout.flag_index(vt, rank, f), value), src,
+                             reccl::proxy::clock_ns() + push_timeout_ns);
+    }
+
     /// Copies `bytes` from peer's send area for (vt, me) at `offset` to `dst` (inside my window).
     /// Synchronous: returns once the proxy completed it, or after push_timeout_ns (the queue is
     /// then failed with status::timeout and dst is unspecified).
