@@ -26,12 +26,14 @@
 // visible to the copy engines by a system-scope fence before the put that reads them; a wait that
 // returns ok acquires the bytes of every put the peer queued before its signal.
 //
-// Inline puts: a put of at most inline_bytes (a proxy_collectives option, 256 by default) is
+// Inline puts: a put of at most inline_bytes (a proxy_collectives option, 1 KiB by default) is
 // written by thread 0 into the queue itself (put_inline / put_symmetric_inline) instead of being
-// copied by the proxy from the window. That saves the proxy's device-to-device copy, ~4 us of
-// driver time each, and costs the thread one 16-byte store across PCIe per 16 bytes: measured on one
-// H200, one thread wins up to 256 bytes and loses at 1 KiB (bench/NOTES.md 25, 27). Their sources
-// are read by the posting thread (the input, or the CTA's own reduced bytes after a __syncthreads).
+// copied by the proxy from the window. That saves the proxy a device-to-device copy (~4 us of its
+// driver time each, and the copies of all VTs queue behind one proxy thread) for one 16-byte store
+// across PCIe per 16 bytes on the posting thread. Measured on one H200 (two loopback ranks, bench/
+// NOTES.md 27): calls whose puts all go inline take 0.51-0.79x the time with 4 or 8 VTs; with one
+// VT 0.83-1.06x at 1 KiB (one thread's stores cost about what the copy saves). Their sources are
+// read by the posting thread (the input, or the CTA's own reduced bytes after a __syncthreads).
 //
 // Faults: every wait has the collective's deadline; the first failed wait or queue error of a rank
 // is recorded (status, VT, peer, step) and that VT's CTA stops. The rank's counters are then out of
@@ -479,7 +481,7 @@ class proxy_collectives {
   enum class peer_checks { automatic, on, off };
 
   /// Puts of at most this many bytes go inline by default (see the file comment).
-  static constexpr std::uint32_t default_inline_bytes = 256;
+  static constexpr std::uint32_t default_inline_bytes = 1024;
 
   /// `slots`: reduce rounds in flight per peer; each receive area (less 64 bytes for the peer
   /// checks) is cut into that many slots. `inline_bytes`: the largest put that goes inline (0:
