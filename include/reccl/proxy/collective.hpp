@@ -1,7 +1,6 @@
 // reccl/proxy/collective.hpp -- the five collectives over the proxy transport: one CTA per VT whose
-// warp 0 posts puts and signals (thread 0 alone, but for the payloads of larger inline puts) and
-// whose thread 0 waits for the peers' signals; the copy engines (or the NIC) move every byte, and
-// SMs only reduce.
+// thread 0 posts puts and signals and waits for the peers' signals; the copy engines (or the NIC)
+// move every byte, and SMs only reduce.
 //
 // Buffers live in the window's symmetric region, at the same offset on every rank (copy
 // collectives write straight into the peers' outputs, reductions stage through the receive areas).
@@ -28,8 +27,8 @@
 // returns ok acquires the bytes of every put the peer queued before its signal.
 //
 // Inline puts: a put of at most inline_bytes (a proxy_collectives option, 1 KiB by default) is
-// written into the queue itself (put_inline / put_symmetric_inline: by thread 0 up to 256 bytes,
-// by warp 0's lanes side by side above) instead of being copied by the proxy from the window. That saves the proxy a device-to-device copy (~4 us of its
+// written by thread 0 into the queue itself (put_inline / put_symmetric_inline) instead of being
+// copied by the proxy from the window. That saves the proxy a device-to-device copy (~4 us of its
 // driver time each, and the copies of all VTs queue behind one proxy thread) for one 16-byte store
 // across PCIe per 16 bytes on the posting thread. Measured on one H200 (two loopback ranks, bench/
 // NOTES.md 27): calls whose puts all go inline take 0.51-0.79x the time with 4 or 8 VTs; with one
@@ -260,23 +259,6 @@ __device__ inline bool check_peer(transport::proxy::handle const& h, collective_
   return false;
 }
 
-// How warp 0 posts a put of `bytes` (a collective's puts are posted by warp 0): an inline put above
-// warp_inline_above bytes by the whole warp (its lanes write the payload side by side), a smaller
-// one by lane 0 alone (one thread's few stores beat the warp's setup: bench/NOTES.md 25), a put
-// from the window or a bare signal (no bytes) by lane 0.
-enum class put_kind { signal_only, window, inline_put, warp_inline };
-inline constexpr std::uint64_t warp_inline_above = 256;
-__device__ inline put_kind how_to_put(std::uint64_t bytes, std::uint64_t inline_max) {
-  if (bytes == 0) return put_kind::signal_only;
-  if (bytes > inline_max) return put_kind::window;
-  return bytes > warp_inline_above ? put_kind::warp_inline : put_kind::inline_put;
-}
-// Warp 0, converged: after lane 0's waits, whether the CTA stops (the same on every lane).
-__device__ inline bool warp0_stopped(cta_control const& cc) {
-  __syncwarp();  // orders lane 0's write of cc.abort before the other lanes' read
-  return *static_cast<int const volatile*>(&cc.abort) != 0;
-}
-
 // All threads: dst[0, n) = reduction, in rank order, of src[0..nranks)[0, n). Sources and dst may
 // be unaligned (element loads then).
 template <class T>
@@ -315,37 +297,34 @@ __device__ bool reduce_rounds(transport::proxy::handle const& h, collective_args
     plo = c_lo < L ? c_lo : L;
     phi = c_hi < L ? c_hi : L;
   };
-  // Warp 0: round k's chunk to every peer, once the peer has freed the slot (its credit for the
-  // round that used the slot before; lane 0 waits).
+  // Thread 0: round k's chunk to every peer, once the peer has freed the slot (its credit for the
+  // round that used the slot before).
   auto post = [&](std::uint64_t k) {
     std::uint64_t const g = round0 + k, slot = g % a.slots, val = ready0 + k + 1;
-    if (threadIdx.x == 0)
-      for (int p = 0; p < n && !cc.abort; ++p)
-        if (p != me && g >= a.slots) wait_for(h, st, cc, vt, p, flag::credit, g - a.slots + 1, dl, spins);
-    if (warp0_stopped(cc)) return;
-    for (int p = 0; p < n; ++p) {
+    for (int p = 0; p < n && !cc.abort; ++p)
+      if (p != me && g >= a.slots) wait_for(h, st, cc, vt, p, flag::credit, g - a.slots + 1, dl, spins);
+    for (int p = 0; p < n && !cc.abort; ++p) {
       if (p == me) continue;
       std::uint64_t plo = 0, phi = 0;
       chunk(k, p, plo, phi);
       char const* const src = in + (in_seg * static_cast<std::uint64_t>(p) + plo) * es;
       std::uint64_t const bytes = (phi - plo) * es;
-      switch (how_to_put(bytes, a.inline_max)) {
-        case put_kind::warp_inline: h.put_inline_warp(vt, p, slot * slot_bytes, src, bytes, flag::ready, val); break;
-        case put_kind::inline_put: if (threadIdx.x == 0) h.put_inline(vt, p, slot * slot_bytes, src, bytes, flag::ready, val); break;
-        case put_kind::window: if (threadIdx.x == 0) h.put_with_signal(vt, p, slot * slot_bytes, src, bytes, flag::ready, val); break;
-        case put_kind::signal_only: if (threadIdx.x == 0) h.signal(vt, p, flag::ready, val); break;
-      }
+      if (phi > plo && bytes <= a.inline_max)
+        h.put_inline(vt, p, slot * slot_bytes, src, bytes, flag::ready, val);
+      else if (phi > plo)
+        h.put_with_signal(vt, p, slot * slot_bytes, src, bytes, flag::ready, val);
+      else
+        h.signal(vt, p, flag::ready, val);
     }
-    __syncwarp();
   };
   // slots - 1 rounds posted ahead: the copies of the next rounds run while this CTA reduces
   std::uint64_t const ahead = a.slots - 1;
-  if (threadIdx.x < 32)
+  if (threadIdx.x == 0)
     for (std::uint64_t k = 0; k < ahead && k < rounds; ++k) post(k);
   for (std::uint64_t k = 0; k < rounds; ++k) {
     std::uint64_t const g = round0 + k, slot = g % a.slots, val = ready0 + k + 1;
-    if (threadIdx.x < 32 && k + ahead < rounds) post(k + ahead);  // its slot's credit is for round k - 1, done by now
     if (threadIdx.x == 0) {
+      if (k + ahead < rounds) post(k + ahead);  // its slot's credit is for round k - 1, done by now
       for (int p = 0; p < n && !cc.abort; ++p) {
         if (p == me) continue;
         if (wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins) && check && k == 0) check_peer(h, st, cc, vt, p, *check);
@@ -406,24 +385,19 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
       std::uint64_t const L = segment_len(a.coll, a.count, seg, me);
       std::uint64_t const plo = lo < L ? lo : L, phi = hi < L ? hi : L;
       std::uint64_t const val = ready0 + rounds + 1;
-      if (threadIdx.x < 32) {
+      if (threadIdx.x == 0) {
         __threadfence_system();  // the CTA's reduced bytes are visible to the copy engines
         char const* p0 = out_mine + plo * es;
         std::uint64_t const bytes = (phi - plo) * es;
         for (int p = 0; p < n; ++p) {
           if (p == me) continue;
-          switch (how_to_put(bytes, a.inline_max)) {
-            case put_kind::warp_inline: h.put_symmetric_inline_warp(vt, p, p0, p0, bytes, flag::ready, val); break;
-            case put_kind::inline_put: if (threadIdx.x == 0) h.put_symmetric_inline(vt, p, p0, p0, bytes, flag::ready, val); break;
-            case put_kind::window: if (threadIdx.x == 0) h.put_symmetric_with_signal(vt, p, p0, p0, bytes, flag::ready, val); break;
-            case put_kind::signal_only: if (threadIdx.x == 0) h.signal(vt, p, flag::ready, val); break;
-          }
+          if (phi > plo && bytes <= a.inline_max) h.put_symmetric_inline(vt, p, p0, p0, bytes, flag::ready, val);
+          else if (phi > plo) h.put_symmetric_with_signal(vt, p, p0, p0, bytes, flag::ready, val);
+          else h.signal(vt, p, flag::ready, val);
         }
-        __syncwarp();
-        if (threadIdx.x == 0)
-          for (int p = 0; p < n && !cc.abort; ++p)
-            if (p != me && wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins) && check && rounds == 0)
-              check_peer(h, st, cc, vt, p, mine);  // no reduce round: this was the first wait on p
+        for (int p = 0; p < n && !cc.abort; ++p)
+          if (p != me && wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins) && check && rounds == 0)
+            check_peer(h, st, cc, vt, p, mine);  // no reduce round: this was the first wait on p
       }
       steps = rounds + 1;
     }
@@ -443,32 +417,25 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
       }
       for (int p = 0; p < n && !cc.abort; ++p)
         if (p != me && wait_for(h, st, cc, vt, p, flag::ready, bar, dl, spins) && check) check_peer(h, st, cc, vt, p, mine);
-    }
-    if (threadIdx.x < 32 && !warp0_stopped(cc)) {
-      put_kind const how = how_to_put(nb, a.inline_max);
-      auto put = [&](int p, char const* dst, char const* src) {  // warp 0
-        switch (how) {
-          case put_kind::warp_inline: h.put_symmetric_inline_warp(vt, p, dst, src, nb, flag::ready, val); break;
-          case put_kind::inline_put: if (threadIdx.x == 0) h.put_symmetric_inline(vt, p, dst, src, nb, flag::ready, val); break;
-          case put_kind::window: if (threadIdx.x == 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val); break;
-          case put_kind::signal_only: if (threadIdx.x == 0) h.signal(vt, p, flag::ready, val); break;
+      if (!cc.abort) {
+        auto put = [&](int p, char const* dst, char const* src) {
+          if (nb > 0 && nb <= a.inline_max) h.put_symmetric_inline(vt, p, dst, src, nb, flag::ready, val);
+          else if (nb > 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val);
+          else h.signal(vt, p, flag::ready, val);
+        };
+        std::uint64_t const mine = static_cast<std::uint64_t>(me) * a.count;
+        bool self = true;  // whether I wait for a signal of my own
+        if (a.coll == collective::all_gather) {
+          self = in + lo != out + mine + lo;
+          for (int p = 0; p < n; ++p)
+            if (p != me || self) put(p, out + mine + lo, in + lo);
+        } else if (a.coll == collective::all_to_all) {
+          for (int p = 0; p < n; ++p) put(p, out + mine + lo, in + static_cast<std::uint64_t>(p) * a.count + lo);
+        } else if (me == a.root) {  // broadcast
+          self = in != out;
+          for (int p = 0; p < n; ++p)
+            if (p != me || self) put(p, out + lo, in + lo);
         }
-      };
-      std::uint64_t const mine = static_cast<std::uint64_t>(me) * a.count;
-      bool self = true;  // whether I wait for a signal of my own
-      if (a.coll == collective::all_gather) {
-        self = in + lo != out + mine + lo;
-        for (int p = 0; p < n; ++p)
-          if (p != me || self) put(p, out + mine + lo, in + lo);
-      } else if (a.coll == collective::all_to_all) {
-        for (int p = 0; p < n; ++p) put(p, out + mine + lo, in + static_cast<std::uint64_t>(p) * a.count + lo);
-      } else if (me == a.root) {  // broadcast
-        self = in != out;
-        for (int p = 0; p < n; ++p)
-          if (p != me || self) put(p, out + lo, in + lo);
-      }
-      __syncwarp();
-      if (threadIdx.x == 0) {
         if (a.coll == collective::broadcast) {
           if (me != a.root) wait_for(h, st, cc, vt, a.root, flag::ready, val, dl, spins);
           else if (self) wait_for(h, st, cc, vt, me, flag::ready, val, dl, spins);

@@ -183,24 +183,6 @@ struct proxy {
                              reccl::proxy::clock_ns() + push_timeout_ns);
     }
 
-#if defined(__CUDACC__)
-    /// put_symmetric_inline by a whole warp (every lane, converged, the same arguments), the lanes
-    /// writing the payload side by side as in put_inline_warp.
-    __device__ void put_symmetric_inline_warp(int vt, int peer, void const* dst, void const* src, std::size_t bytes,
-                                              flag f = flag::ready, std::uint64_t value = 0) const {
-      if (vt < 0 || vt >= layout.n_vts) return;
-      std::uint64_t d = 0;
-      if (peer < 0 || peer >= layout.nranks || bytes > reccl::proxy::max_inline_bytes || (src == nullptr && bytes != 0) ||
-          !in_window(dst, bytes, layout.symmetric_offset(), d)) {
-        if ((threadIdx.x & 31u) == 0) queues[vt].fail(status::invalid_argument);
-        __syncwarp();
-        return;
-      }
-      queues[vt].push_inline_warp(reccl::proxy::make_put_inline(peer, d, bytes, layout.flag_index(vt, rank, f), value), src,
-                                  reccl::proxy::clock_ns() + push_timeout_ns);
-    }
-#endif
-
     /// Copies `bytes` from peer's send area for (vt, me) at `offset` to `dst` (inside my window).
     /// Synchronous: returns once the proxy completed it, or after push_timeout_ns (the queue is
     /// then failed with status::timeout and dst is unspecified).
