@@ -27,24 +27,10 @@
 
 #include <reccl/host/communicator.hpp>
 
+#include "../common/check.hpp"
+
 namespace {
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-#define NK(x)                                                                                      \
-  do {                                                                                             \
-    ncclResult_t r_ = (x);                                                                         \
-    if (r_ != ncclSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_));      \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 #define BK(x)                                                                                      \
   do {                                                                                             \
     cublasStatus_t s_ = (x);                                                                       \

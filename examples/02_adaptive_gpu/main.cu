@@ -28,17 +28,9 @@
 #include <reccl/policy/allocator/texcp.hpp>
 
 #include "../../bench/perf/reference.cuh"
+#include "../common/check.hpp"
 
 namespace {
-
-#define CK(x)                                                                                       \
-  do {                                                                                              \
-    cudaError_t e_ = (x);                                                                           \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                 \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 struct ranks {
   int n = 0;

@@ -26,24 +26,9 @@
 #include <reccl/host/communicator.hpp>
 #include <reccl/policy/allocator/allocator.hpp>
 
-namespace {
+#include "../common/check.hpp"
 
-#define CK(x)                                                                                       \
-  do {                                                                                              \
-    cudaError_t e_ = (x);                                                                           \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                 \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
-#define NK(x)                                                                                       \
-  do {                                                                                              \
-    ncclResult_t r_ = (x);                                                                          \
-    if (r_ != ncclSuccess) {                                                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, ncclGetErrorString(r_));                                 \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
+namespace {
 
 std::uint16_t bf16_of_small_int(int v) {  // exact: |v| < 256
   float f = static_cast<float>(v);
