@@ -269,7 +269,7 @@ if has proxy-ab; then
     rc=$?; SUMMARY+=("call cost: rc=$rc")
   fi
   if [[ "$AB" == *" inline "* ]]; then
-    # small collectives with puts inline up to 0 / 256 (the default) / 1024 bytes, interleaved
+    # small collectives with puts inline up to 0 / 256 / 1024 (the default) bytes, interleaved
     log "proxy collectives: inline puts of at most 0 / 256 / 1024 bytes"
     for rep in 1 2 3; do
       for ib in 0 256 1024; do

@@ -4,7 +4,7 @@
 // reported for each transport.
 //
 //   reccl_proxy_perf [-b 1M] [-e 256M] [-f 4] [-n 20] [-w 5] [--vts 4] [--area 1M] [--slots 4]
-//                    [--inline_bytes 256] [--colls all_reduce,...] [--gemm 8192] [--overlap_bytes 256M]
+//                    [--inline_bytes 1024] [--colls all_reduce,...] [--gemm 8192] [--overlap_bytes 256M]
 //                    [-J out.json]
 //
 // Ranks: one per GPU when there are two or more GPUs (two ranks), else two loopback ranks on GPU 0

@@ -259,6 +259,16 @@ __device__ inline bool check_peer(transport::proxy::handle const& h, collective_
   return false;
 }
 
+// Thread 0: `bytes` at src to peer's window at dst's offset in mine (dst in my symmetric region),
+// then ready `val`: inline up to inline_max bytes, else copied from my window; no bytes: the
+// signal alone.
+__device__ inline void put_symmetric_block(transport::proxy::handle const& h, int vt, int peer, char const* dst, char const* src,
+                                           std::uint64_t bytes, std::uint32_t inline_max, std::uint64_t val) {
+  if (bytes > 0 && bytes <= inline_max) h.put_symmetric_inline(vt, peer, dst, src, bytes, flag::ready, val);
+  else if (bytes > 0) h.put_symmetric_with_signal(vt, peer, dst, src, bytes, flag::ready, val);
+  else h.signal(vt, peer, flag::ready, val);
+}
+
 // All threads: dst[0, n) = reduction, in rank order, of src[0..nranks)[0, n). Sources and dst may
 // be unaligned (element loads then).
 template <class T>
@@ -388,13 +398,8 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
       if (threadIdx.x == 0) {
         __threadfence_system();  // the CTA's reduced bytes are visible to the copy engines
         char const* p0 = out_mine + plo * es;
-        std::uint64_t const bytes = (phi - plo) * es;
-        for (int p = 0; p < n; ++p) {
-          if (p == me) continue;
-          if (phi > plo && bytes <= a.inline_max) h.put_symmetric_inline(vt, p, p0, p0, bytes, flag::ready, val);
-          else if (phi > plo) h.put_symmetric_with_signal(vt, p, p0, p0, bytes, flag::ready, val);
-          else h.signal(vt, p, flag::ready, val);
-        }
+        for (int p = 0; p < n; ++p)
+          if (p != me) put_symmetric_block(h, vt, p, p0, p0, (phi - plo) * es, a.inline_max, val);
         for (int p = 0; p < n && !cc.abort; ++p)
           if (p != me && wait_for(h, st, cc, vt, p, flag::ready, val, dl, spins) && check && rounds == 0)
             check_peer(h, st, cc, vt, p, mine);  // no reduce round: this was the first wait on p
@@ -418,11 +423,7 @@ __global__ void __launch_bounds__(512) collective_kernel(transport::proxy::handl
       for (int p = 0; p < n && !cc.abort; ++p)
         if (p != me && wait_for(h, st, cc, vt, p, flag::ready, bar, dl, spins) && check) check_peer(h, st, cc, vt, p, mine);
       if (!cc.abort) {
-        auto put = [&](int p, char const* dst, char const* src) {
-          if (nb > 0 && nb <= a.inline_max) h.put_symmetric_inline(vt, p, dst, src, nb, flag::ready, val);
-          else if (nb > 0) h.put_symmetric_with_signal(vt, p, dst, src, nb, flag::ready, val);
-          else h.signal(vt, p, flag::ready, val);
-        };
+        auto put = [&](int p, char const* dst, char const* src) { put_symmetric_block(h, vt, p, dst, src, nb, a.inline_max, val); };
         std::uint64_t const mine = static_cast<std::uint64_t>(me) * a.count;
         bool self = true;  // whether I wait for a signal of my own
         if (a.coll == collective::all_gather) {
