@@ -11,6 +11,9 @@
 # sizes (interleaved, three runs each); AB_PARTS="cost flood sysmem calls inline perf" picks the
 # parts (default all).
 #
+# sanitize: compute-sanitizer memcheck over chosen cases of four GPU suites (SAN_PARTS="collectives
+# adaptive copy_engine proxy" picks them).
+#
 # shim: libreccl_nccl.so's GPU test, then NVIDIA's nccl-tests under NCCL and under the shim
 # (binaries from $NCCL_TESTS_BIN, default $RECCL_GPU_BIN/nccl-tests: scripts/build-gpu-bin.sh
 # nccl_tests builds them from a checkout kept outside this repository) and a torch.distributed
@@ -158,10 +161,21 @@ if has test; then
   fi
 fi
 if has sanitize; then
-  log "compute-sanitizer memcheck (unaligned, split and bad-input cases)"
-  RECCL_TEST_TIMEOUT_S=60 timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$T_COLL" \
-    -tc='*unaligned*,*independent of the VT split*,*rejected on the host*' >"$OUT/sanitize.log" 2>&1
-  rc=$?; SUMMARY+=("memcheck: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)")
+  # memcheck slows kernels 10-100x, so each suite runs the cases that reach its edges (unaligned
+  # ends, uneven and masked splits, graph replays, bad input, inline puts) rather than every size.
+  # SAN_PARTS picks suites (default all four).
+  memcheck() {  # name, binary, doctest filter
+    log "compute-sanitizer memcheck: $1 ($3)"
+    RECCL_TEST_TIMEOUT_S=60 timeout 400 compute-sanitizer --tool memcheck --print-limit 20 "$2" -tc="$3" \
+      >"$OUT/sanitize_$1.log" 2>&1
+    local rc=$?
+    SUMMARY+=("memcheck $1: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$1.log" | tail -1)  $(grep -E 'test cases:' "$OUT/sanitize_$1.log" | tail -1)")
+  }
+  SAN_PARTS=" ${SAN_PARTS:-collectives adaptive copy_engine proxy} "
+  [[ "$SAN_PARTS" == *" collectives "* ]] && memcheck collectives "$T_COLL" '*unaligned*,*independent of the VT split*,*rejected on the host*'
+  [[ "$SAN_PARTS" == *" adaptive "* ]] && memcheck adaptive "$T_AD" '*dead VT*,*bitwise the same*'
+  [[ "$SAN_PARTS" == *" copy_engine "* ]] && memcheck copy_engine "$T_CE" '*'
+  [[ "$SAN_PARTS" == *" proxy "* ]] && memcheck proxy "$T_PC" '*VT split*,*peer checks*,*back-to-back*,*rejected on the host*'
 fi
 
 # ---- benchmarks -----------------------------------------------------------------------------------
