@@ -50,6 +50,7 @@ struct setup {
     c.n_vts = n_vts;
     c.area_bytes = area;
     c.queue_capacity = 1024;
+    c.push_timeout_ns = test_timeout_ns(1);
     c.symmetric_bytes = 2 * (cap + guard) + 256;
     if (two_gpus) c.devices = {0, 1};
     g = std::make_unique<copy_engine_group>(c);
@@ -127,7 +128,7 @@ outcome run_case(setup& S, collective c, dtype t, redop op, std::uint64_t count,
     a.in = inp;
     a.out = out;
     a.root = root;
-    a.timeout_ns = 5'000'000'000ull;
+    a.timeout_ns = test_timeout_ns(5);
     a.vt_shares = vt_shares;
     S.pc->launch(r, a, S.s[r]);
   }

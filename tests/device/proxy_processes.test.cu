@@ -55,6 +55,7 @@ struct rank_setup {
     c.nranks = nranks;
     c.n_vts = vts;
     c.area_bytes = 64 << 10;
+    c.push_timeout_ns = test_timeout_ns(1);
     c.symmetric_bytes = 2 * (cap + guard) + 256;
     c.process_rank = rank;
     c.exchange = std::move(ex);
@@ -100,7 +101,7 @@ case_result run_case(rank_setup& S, collective c, dtype t, redop op, std::uint64
   a.in = inp;
   a.out = out;
   a.root = root;
-  a.timeout_ns = 5'000'000'000ull;
+  a.timeout_ns = test_timeout_ns(5);
   S.pc->launch(me, a, S.s);
   TEST_CK(cudaStreamSynchronize(S.s));
   case_result o;

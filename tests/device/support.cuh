@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -56,6 +57,15 @@ inline std::pair<char*, char*> collective_buffers(collective c, int r, char* in,
   if (c == collective::all_gather) return {out + mine, out};
   if (c == collective::reduce_scatter) return {in, in + mine};
   return {out, out};
+}
+
+/// The deadline, in ns, of a call that should finish well inside `default_s` seconds:
+/// RECCL_TEST_TIMEOUT_S overrides it for tools that slow kernels and CUDA calls down
+/// (compute-sanitizer: bench/gpu.sh sanitize sets 60). Tests of a missing rank keep their own
+/// short deadlines.
+inline std::uint64_t test_timeout_ns(double default_s) {
+  char const* to = std::getenv("RECCL_TEST_TIMEOUT_S");
+  return static_cast<std::uint64_t>((to ? std::atof(to) : default_s) * 1e9);
 }
 
 /// Whether a CUDA device is present; REQUIRE_GPU() ends a doctest case with "skipped: no GPU" if not.
