@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -27,7 +28,7 @@ constexpr std::uint64_t second = 1'000'000'000;
 // Block vt of rank `me`: `rounds` puts of odd sizes at odd offsets from my send area for `peer` into
 // the peer's receive area, each followed by a signal (ready = round + 1); then wait for the peer's
 // last signal to me. One thread per VT queue (a queue has a single producer).
-__global__ void exchange(handle h, int peer, int rounds, std::uint64_t* status_out) {
+__global__ void exchange(handle h, int peer, int rounds, std::uint64_t wait_ns, std::uint64_t* status_out) {
   int const vt = static_cast<int>(blockIdx.x);
   if (threadIdx.x != 0) return;
   std::uint64_t off = 0;
@@ -36,7 +37,7 @@ __global__ void exchange(handle h, int peer, int rounds, std::uint64_t* status_o
     h.put_with_signal(vt, peer, off, h.send_area(vt, peer) + off, n, flag::ready, static_cast<std::uint64_t>(k + 1));
     off += n + 3;  // odd offsets: the copy engine takes any alignment
   }
-  wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + 10 * second);
+  wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + wait_ns);
   status_out[vt] = static_cast<std::uint64_t>(w.st);
 }
 
@@ -44,7 +45,7 @@ __global__ void exchange(handle h, int peer, int rounds, std::uint64_t* status_o
 // peer's receive area at a running odd offset, with ready = round + 1.
 __host__ __device__ std::uint64_t inline_len(int k, int vt) { return 1 + (137 * static_cast<std::uint64_t>(k) + 29 * vt) % 1024; }
 // warp: the first warp of the CTA puts together (put_inline_warp), alternating with thread 0 alone
-__global__ void exchange_inline(handle h, int peer, int rounds, bool warp, std::uint64_t* status_out) {
+__global__ void exchange_inline(handle h, int peer, int rounds, bool warp, std::uint64_t wait_ns, std::uint64_t* status_out) {
   int const vt = static_cast<int>(blockIdx.x);
   if (threadIdx.x >= 32 || (!warp && threadIdx.x != 0)) return;
   std::uint64_t off = 0;
@@ -59,7 +60,7 @@ __global__ void exchange_inline(handle h, int peer, int rounds, bool warp, std::
     off += n + 3;
   }
   if (threadIdx.x != 0) return;
-  wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + 10 * second);
+  wait_result const w = h.wait(vt, peer, flag::ready, static_cast<std::uint64_t>(rounds), reccl::proxy::clock_ns() + wait_ns);
   status_out[vt] = static_cast<std::uint64_t>(w.st);
 }
 
@@ -107,7 +108,19 @@ void run_both(copy_engine_group const& g, Launch launch) {
   std::string const msg = g.error_message();
   CHECK_MESSAGE(g.error() == status::ok, msg);
   for (int r = 0; r < 2; ++r)
-    for (int v = 0; v < g.layout().n_vts; ++v) CHECK(st[max_vts * r + v] == static_cast<std::uint64_t>(status::ok));
+    for (int v = 0; v < g.layout().n_vts; ++v) {
+      if (st[max_vts * r + v] == static_cast<std::uint64_t>(status::ok)) continue;
+      // A VT waits for its peer's last signal. The peer's queue says which side stopped: a push
+      // that timed out leaves its sticky error (the proxy reports none), a proxy that stopped
+      // popping leaves tail > head; the flag, read now, says whether the signal landed later.
+      work_queue_view const& q = g.queue(1 - r, v);
+      std::uint64_t flag_now = 0;
+      CHECK(cudaMemcpy(&flag_now, g.memory(r).flags + g.layout().flag_index(v, 1 - r, flag::ready), sizeof flag_now,
+                       cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK_MESSAGE(false, "rank ", r, " VT ", v, ": status ", st[max_vts * r + v], "; its flag from rank ", 1 - r, " now ",
+                    flag_now, "; rank ", 1 - r, "'s queue: error ", static_cast<unsigned>(q.error()), ", tail ", q.ctl->tail,
+                    " head ", q.ctl->head, " completed ", q.ctl->completed, " stalls ", q.ctl->stalls);
+    }
   cudaFree(st);
 }
 
@@ -151,6 +164,7 @@ TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from 
     cfg.nranks = 2;
     cfg.n_vts = 3;
     cfg.area_bytes = 64 << 10;
+    cfg.push_timeout_ns = gpu_test::test_timeout_ns(1);
     if (two_gpus) cfg.devices = {0, 1};
     copy_engine_group g(cfg);
     int const rounds = 40;  // at most; fewer if the puts (growing sizes, odd offsets) would pass the area
@@ -163,7 +177,7 @@ TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from 
     int const R = std::min(rounds, fit);
     REQUIRE(R >= 8);
     auto const win = randomize_windows(g, 7);
-    run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) { exchange<<<cfg.n_vts, 32, 0, s>>>(g.handle(r), 1 - r, R, st); });
+    run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) { exchange<<<cfg.n_vts, 32, 0, s>>>(g.handle(r), 1 - r, R, gpu_test::test_timeout_ns(10), st); });
     // every byte each rank received equals what the peer's send area held
     auto const len = [](int k, int v) { return 1000 + 136 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(v); };
     CHECK(count_wrong(g, win, R, len, 0) == 0);
@@ -177,14 +191,18 @@ TEST_CASE("copy engine: inline puts from kernels (one thread, or a warp) carry r
   cfg.n_vts = 3;
   cfg.area_bytes = 256 << 10;
   cfg.queue_capacity = 256;  // 17 records per 1 KiB put: the ring wraps many times
+  cfg.push_timeout_ns = gpu_test::test_timeout_ns(1);
   for (bool warp : {false, true}) {
     CAPTURE(warp);
     copy_engine_group g(cfg);
     int const R = 200;  // ~100 KiB per VT and peer, inside the area
     auto const win = randomize_windows(g, 8);
+    auto const t0 = std::chrono::steady_clock::now();
     run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) {
-      exchange_inline<<<cfg.n_vts, 64, 0, s>>>(g.handle(r), 1 - r, R, warp, st);
+      exchange_inline<<<cfg.n_vts, 64, 0, s>>>(g.handle(r), 1 - r, R, warp, gpu_test::test_timeout_ns(10), st);
     });
+    MESSAGE(std::string(warp ? "warp" : "one thread"), ": ", R, " inline puts per VT and rank in ",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
     CHECK(count_wrong(g, win, R, inline_len, 1) == 0);  // sources start one byte in: unaligned
   }
 }
