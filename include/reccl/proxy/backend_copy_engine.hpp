@@ -36,7 +36,8 @@
 //
 // Memory: every rank's window and flags are device memory (cudaMalloc) this process can address
 // (the same GPU, or peers with peer access enabled); the kernels that wait on the flags poll them
-// with acquire loads. Across processes the windows come from CUDA IPC handles (not done yet).
+// with acquire loads. Across processes the peers' windows and flags are opened from CUDA IPC
+// handles (copy_engine_group with a process_rank).
 //
 // Completions: each stream records an event after its newest submission when the proxy asks for
 // progress; submissions up to a completed event are done. get() completes like a put (the proxy
