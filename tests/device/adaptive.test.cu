@@ -181,14 +181,6 @@ std::vector<L> make_lanes(world& w, reccl::adaptive_options o) {
   return L::create_all(w.ptrs(), o);
 }
 
-/// Whether the shares of the newest report moved away from equal (the loop reacted).
-std::uint32_t min_share(reccl::epoch_report const& r) {
-  std::uint32_t m = reccl::share_one;
-  for (int i = 0; i < r.n_vts; ++i)
-    if ((r.split.live_mask >> i) & 1u) m = std::min(m, r.share[i]);
-  return m;
-}
-
 }  // namespace
 
 TEST_CASE("adaptive collectives match the CPU reference while the split moves") {
