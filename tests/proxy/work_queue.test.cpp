@@ -277,7 +277,7 @@ TEST_CASE("work_queue: inline puts carry their payload through the ring, wrappin
         REQUIRE(r.bytes == want.size());
         CHECK(r.dst_offset == popped);
         CHECK(r.value == popped + 1);
-        CHECK(std::memcmp(out.data(), want.data(), want.size()) == 0);
+        CHECK((want.empty() || std::memcmp(out.data(), want.data(), want.size()) == 0));  // a 0-byte put: nothing to compare
         records -= 1 + inline_slots(r.bytes);
       } else {
         REQUIRE(want.empty());
