@@ -164,8 +164,8 @@ if has sanitize; then
   # memcheck slows kernels 10-100x, so each suite runs the cases that reach its edges (unaligned
   # ends, uneven and masked splits, graph replays, bad input, inline puts) rather than every size.
   # SAN_PARTS picks suites (default all four). Under the tool a copy that a running kernel waits
-  # for may not land (or not be seen) before that kernel gives up, so the copy-engine and proxy suites time out
-  # there while their ERROR SUMMARY still counts every access they made
+  # for may not land (or not be seen) before that kernel gives up, so the copy-engine and proxy
+  # suites time out there while their ERROR SUMMARY still counts every access they made
   # (bench/results/2026-12-03-memcheck-proxy-h200/): for them the summary is the verdict.
   memcheck() {  # name, binary, doctest filter
     log "compute-sanitizer memcheck: $1 ($3)"

@@ -92,9 +92,7 @@ world* get_world() {
     for (int i = 0; i < w->n; ++i) devs[i] = i;
     TEST_NK(ncclCommInitAll(w->nccl.data(), w->n, devs.data()));
   }
-  // small cases finish in microseconds; tools that slow kernels down (compute-sanitizer) raise this
-  char const* to = std::getenv("RECCL_TEST_TIMEOUT_S");
-  cfg.timeout_ns = static_cast<std::uint64_t>((to ? std::atof(to) : 3.0) * 1e9);
+  cfg.timeout_ns = test_timeout_ns(3.0);  // small cases finish in microseconds
   w->comms = make_comms(*w, cfg);
   reccl::nvlink_config fcfg = cfg;
   fcfg.timeout_ns = 300'000'000ull;

@@ -109,7 +109,8 @@ void run_both(copy_engine_group const& g, Launch launch) {
   CHECK_MESSAGE(g.error() == status::ok, msg);
   for (int r = 0; r < 2; ++r)
     for (int v = 0; v < g.layout().n_vts; ++v) {
-      if (st[max_vts * r + v] == static_cast<std::uint64_t>(status::ok)) continue;
+      std::uint64_t const vt_status = st[max_vts * r + v];
+      if (vt_status == static_cast<std::uint64_t>(status::ok)) continue;
       // A VT waits for its peer's last signal. The peer's queue says which side stopped: a push
       // that timed out leaves its sticky error (the proxy reports none), a proxy that stopped
       // popping leaves tail > head; the flag, read now, says whether the signal landed later.
@@ -117,7 +118,7 @@ void run_both(copy_engine_group const& g, Launch launch) {
       std::uint64_t flag_now = 0;
       CHECK(cudaMemcpy(&flag_now, g.memory(r).flags + g.layout().flag_index(v, 1 - r, flag::ready), sizeof flag_now,
                        cudaMemcpyDeviceToHost) == cudaSuccess);
-      CHECK_MESSAGE(false, "rank ", r, " VT ", v, ": status ", st[max_vts * r + v], "; its flag from rank ", 1 - r, " now ",
+      CHECK_MESSAGE(false, "rank ", r, " VT ", v, ": status ", vt_status, "; its flag from rank ", 1 - r, " now ",
                     flag_now, "; rank ", 1 - r, "'s queue: error ", static_cast<unsigned>(q.error()), ", tail ", q.ctl->tail,
                     " head ", q.ctl->head, " completed ", q.ctl->completed, " stalls ", q.ctl->stalls);
     }
