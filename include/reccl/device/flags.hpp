@@ -15,65 +15,15 @@
 #include "../types.hpp"
 #include "primitives.hpp"
 #include "transport/lsa.hpp"
+#include "wait.hpp"
 
 namespace reccl::device {
-
-/// Record `s` as the lane's error unless an earlier error is already recorded.
-RECCL_DEVICE void raise_status(std::uint32_t* word, status s) { atomicCAS(word, 0u, static_cast<std::uint32_t>(s)); }
-
-RECCL_DEVICE std::uint32_t read_status(std::uint32_t const* word) { return *static_cast<volatile std::uint32_t const*>(word); }
-
-/// How often (in polls) a spinning thread looks at the clock and the status word.
-inline constexpr std::uint32_t deadline_check_period = 256;
-
-/// A thread's deadline, started lazily: the clock is first read when a wait has already spun for a
-/// while, so the fast path of a collective never reads %globaltimer. A wait therefore gives up at
-/// most `timeout` after it first had to spin.
-struct deadline_clock {
-  std::uint64_t timeout = 0;
-  std::uint64_t end = 0;
-  RECCL_DEVICE explicit deadline_clock(std::uint64_t timeout_ns) : timeout(timeout_ns) {}
-  RECCL_DEVICE bool expired() {
-    std::uint64_t const t = globaltimer();
-    if (end == 0) end = t + timeout;
-    return t > end;
-  }
-};
-
-/// When a spinning wait stops without its condition: a guard's give_up() is asked every
-/// deadline_check_period polls and returns true to stop the wait (the wait then returns false).
-///
-/// lane_guard is the rule of every plain kernel: stop when the CTA aborted (another warp failed),
-/// when the lane holds an error raised elsewhere, or at the lane's deadline, which it records as
-/// status::timeout (sticky: the lane is failed). The adaptive kernels add guards that end a wait
-/// as a VT fault instead (device/adaptive/guards.hpp).
-struct lane_guard {
-  deadline_clock* clock = nullptr;
-  std::uint32_t* status_word = nullptr;
-  int const* cta_abort = nullptr;  ///< optional: a shared-memory flag set by a failed warp of the CTA
-  static constexpr std::uint32_t period = deadline_check_period;  ///< polls between two give_up() calls
-  RECCL_DEVICE void begin() {}     ///< a new wait starts (the lane's deadline spans all of them)
-  RECCL_DEVICE bool give_up() const {
-    if (cta_abort != nullptr && *static_cast<volatile int const*>(cta_abort)) return true;
-    if (read_status(status_word) != 0) return true;
-    if (clock->expired()) {
-      raise_status(status_word, status::timeout);
-      return true;
-    }
-    return false;
-  }
-};
 
 /// Spin until *flag >= target (acquire). Returns false when the guard gives up. `spins` counts
 /// unsuccessful polls (stall telemetry).
 template <class Guard>
 RECCL_DEVICE bool wait_at_least(std::uint64_t const* flag, std::uint64_t target, Guard& guard, std::uint64_t& spins) {
-  guard.begin();
-  for (std::uint32_t k = 1;; ++k) {
-    if (load_acquire_sys(flag) >= target) return true;
-    ++spins;
-    if (k % Guard::period == 0 && guard.give_up()) return false;
-  }
+  return spin_until([&] { return load_acquire_sys(flag) >= target; }, guard, spins);
 }
 
 /// wait_at_least under the lane's deadline: false on timeout (after raising it) or when the lane
@@ -98,20 +48,18 @@ template <class Guard>
 RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, Guard& guard,
                              std::uint32_t* status_word, std::uint64_t& spins) {
   std::uint64_t const want = ready_word(target, desc);
-  guard.begin();
-  for (std::uint32_t k = 1;; ++k) {
-    std::uint64_t const w = load_acquire_sys(flag);
-    std::uint64_t const s = w & ready_seq_mask;
-    if (s >= target) {
-      if (s == target && w != want) {
-        raise_status(status_word, status::mismatch);
-        return false;
-      }
-      return true;
-    }
-    ++spins;
-    if (k % Guard::period == 0 && guard.give_up()) return false;
-  }
+  bool mismatch = false;
+  bool const ok = spin_until(
+      [&] {
+        std::uint64_t const w = load_acquire_sys(flag);
+        std::uint64_t const s = w & ready_seq_mask;
+        if (s < target) return false;
+        mismatch = s == target && w != want;
+        return true;
+      },
+      guard, spins);
+  if (mismatch) raise_status(status_word, status::mismatch);
+  return ok && !mismatch;
 }
 RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, deadline_clock& deadline,
                              std::uint32_t* status_word, std::uint64_t& spins) {
@@ -137,27 +85,21 @@ RECCL_DEVICE bool cta_barrier(lsa_view const& v, int cta, std::uint32_t epoch, s
   if (t < v.nranks && t != v.rank) {
     store_release_sys(v.bar(t, cta, v.rank), barrier_word(epoch, desc));
     std::uint64_t const* in = v.bar(v.rank, cta, t);
-    for (std::uint32_t k = 1;; ++k) {
-      std::uint64_t const w = load_acquire_sys(in);
-      std::int32_t const ahead = static_cast<std::int32_t>(static_cast<std::uint32_t>(w >> 32) - epoch);
-      if (ahead >= 0) {
-        // A peer one barrier ahead has already passed this one (it saw our arrival), and its word
-        // now carries the next barrier's descriptor: only an exact epoch match checks the hash.
-        if (ahead == 0 && static_cast<std::uint32_t>(w) != desc) {
-          raise_status(st, status::mismatch);
-          failed = 1;
-        }
-        break;
-      }
-      if (k % deadline_check_period == 0) {
-        if (read_status(st) != 0) { failed = 1; break; }
-        if (deadline.expired()) {
-          raise_status(st, status::timeout);
-          failed = 1;
-          break;
-        }
-      }
-    }
+    lane_guard g{&deadline, st, nullptr};
+    bool mismatch = false;
+    bool const arrived = spin_until(
+        [&] {
+          std::uint64_t const w = load_acquire_sys(in);
+          std::int32_t const ahead = static_cast<std::int32_t>(static_cast<std::uint32_t>(w >> 32) - epoch);
+          if (ahead < 0) return false;
+          // A peer one barrier ahead has already passed this one (it saw our arrival), and its word
+          // now carries the next barrier's descriptor: only an exact epoch match checks the hash.
+          mismatch = ahead == 0 && static_cast<std::uint32_t>(w) != desc;
+          return true;
+        },
+        g);
+    if (mismatch) raise_status(st, status::mismatch);
+    if (!arrived || mismatch) failed = 1;
   }
   __syncthreads();
   return failed == 0;

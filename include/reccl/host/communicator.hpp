@@ -112,18 +112,12 @@ __global__ void hello_kernel(device::lsa_view v, std::uint64_t token, std::uint6
   if (t >= v.nranks || t == v.rank) return;
   device::store_release_sys(reinterpret_cast<std::uint64_t*>(v.scratch[t]) + v.rank, token);
   std::uint64_t const* mine = reinterpret_cast<std::uint64_t const*>(v.scratch[v.rank]) + t;
-  std::uint64_t const deadline = device::globaltimer() + timeout_ns;
-  for (;;) {
-    std::uint64_t const got = device::load_acquire_sys(mine);
-    if (got == token) return;
-    if (got != 0) {
-      atomicCAS(result, 0u, static_cast<std::uint32_t>(status::mismatch));
-      return;
-    }
-    if (device::globaltimer() > deadline) {
-      atomicCAS(result, 0u, static_cast<std::uint32_t>(status::timeout));
-      return;
-    }
+  device::deadline_guard g{device::deadline_clock(timeout_ns)};  // no lane yet: the deadline alone
+  std::uint64_t got = 0;
+  if (!device::spin_until([&] { return (got = device::load_acquire_sys(mine)) != 0; }, g)) {
+    atomicCAS(result, 0u, static_cast<std::uint32_t>(status::timeout));
+  } else if (got != token) {
+    atomicCAS(result, 0u, static_cast<std::uint32_t>(status::mismatch));
   }
 }
 

@@ -230,15 +230,13 @@ RECCL_DEVICE void publish_record(adaptive_args const& a, control_region* R, std:
 /// Polls a verdict word until it carries `tag` (its high half); its low half into `payload`.
 template <class Guard>
 RECCL_DEVICE bool wait_tagged(std::uint64_t const* word, std::uint32_t tag, Guard& guard, std::uint32_t& payload) {
-  guard.begin();
-  for (std::uint32_t k = 1;; ++k) {
-    std::uint64_t const x = load_acquire_sys(word);
-    if (static_cast<std::uint32_t>(x >> 32) == tag) {
-      payload = static_cast<std::uint32_t>(x);
-      return true;
-    }
-    if (k % Guard::period == 0 && guard.give_up()) return false;
-  }
+  return spin_until(
+      [&] {
+        std::uint64_t const x = load_acquire_sys(word);
+        payload = static_cast<std::uint32_t>(x);
+        return static_cast<std::uint32_t>(x >> 32) == tag;
+      },
+      guard);
 }
 
 /// The control CTA's one thread of work: set_model, step, the plan of e+1 (on shared copies).

@@ -28,13 +28,12 @@ inline constexpr int one_shot_unroll = 4;
 /// counts unsuccessful polls (stall telemetry).
 template <class Guard>
 RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, Guard& guard, std::uint64_t& spins) {
-  guard.begin();
-  for (std::uint32_t s = 1;; ++s) {
-    x = load_pack_relaxed_sys(p);
-    if (lamport_arrived(x)) return true;
-    ++spins;
-    if (s % Guard::period == 0 && guard.give_up()) return false;
-  }
+  return spin_until(
+      [&] {
+        x = load_pack_relaxed_sys(p);
+        return lamport_arrived(x);
+      },
+      guard, spins);
 }
 template <class Guard>
 RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, Guard& guard) {
@@ -190,17 +189,16 @@ RECCL_DEVICE bool ll_arrived(pack16 const& p) { return p.w[1] == ll_flag && p.w[
 /// Poll the two LL packets that carry one 16-byte data pack.
 RECCL_DEVICE bool ll_poll(char const* p, pack16& data, deadline_clock& deadline, int const* abort_flag, std::uint32_t* st) {
   pack16 a = load_pack_relaxed_sys(p), b = load_pack_relaxed_sys(p + 16);
-  for (std::uint32_t s = 1; !(ll_arrived(a) && ll_arrived(b)); ++s) {
-    if (!ll_arrived(a)) a = load_pack_relaxed_sys(p);
-    if (!ll_arrived(b)) b = load_pack_relaxed_sys(p + 16);
-    if (s % deadline_check_period == 0) {
-      if (*static_cast<volatile int const*>(abort_flag) || read_status(st) != 0) return false;
-      if (deadline.expired()) {
-        raise_status(st, status::timeout);
+  lane_guard g{&deadline, st, abort_flag};
+  bool const ok = spin_until(
+      [&] {
+        if (ll_arrived(a) && ll_arrived(b)) return true;
+        if (!ll_arrived(a)) a = load_pack_relaxed_sys(p);
+        if (!ll_arrived(b)) b = load_pack_relaxed_sys(p + 16);
         return false;
-      }
-    }
-  }
+      },
+      g);
+  if (!ok) return false;
   data = pack16{{a.w[0], a.w[2], b.w[0], b.w[2]}};
   store_pack(const_cast<char*>(p), lamport_poison());
   store_pack(const_cast<char*>(p) + 16, lamport_poison());

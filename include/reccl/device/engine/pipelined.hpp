@@ -203,9 +203,10 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
       if (lane == 0 && ok) {
         std::uint64_t const spun = spins, t0 = hooks.wait_clock();
         // in-place safety: my own sender must have read chunk k of the input before I overwrite it
-        guard.begin();
-        for (std::uint32_t t = 1; ok && guard_in && *static_cast<volatile std::uint32_t*>(&cs.sent[w]) < k + 1; ++t)
-          if (t % std::remove_reference_t<decltype(guard)>::period == 0 && guard.give_up()) ok = 0;
+        if (guard_in) {
+          std::uint64_t own_spins = 0;  // waiting for my own sender is not a stall of the link
+          ok = spin_until([&] { return *static_cast<volatile std::uint32_t*>(&cs.sent[w]) >= k + 1; }, guard, own_spins);
+        }
         for (int p = 0; p < n && ok; ++p) {
           if (!P.recvs_from(p)) continue;
           if constexpr (lam) {

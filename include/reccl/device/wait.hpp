@@ -1,0 +1,101 @@
+// reccl/device/wait.hpp -- the one guarded wait of every reccl kernel, its deadline and the sticky
+// status word it reports into.
+//
+// Every spinning wait in reccl's device code -- flags, barriers, Lamport and LL slots, credits of
+// the rings, the adaptive loop's verdicts, a user kernel's waits through a device handle -- is
+// `spin_until(poll, guard, spins)`: it polls until `poll()` returns true, counts the polls that
+// failed (stall telemetry), and every `Guard::period` polls asks the guard whether to give up. The
+// guard decides what ends a wait early and what that means: a deadline recorded as a timeout on the
+// lane (`lane_guard`), a VT fault the adaptive loop recovers from, or an abort raised by another
+// warp or another rank.
+//
+// Memory order: spin_until adds none. `poll()` performs the acquire (e.g. ld.acquire.sys of a flag)
+// whose success makes the writer's earlier stores visible to the polling thread.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+
+#include "../types.hpp"
+#include "primitives.hpp"
+
+namespace reccl::device {
+
+/// Record `s` as the lane's error unless an earlier error is already recorded (the first wins).
+RECCL_DEVICE void raise_status(std::uint32_t* word, status s) { atomicCAS(word, 0u, static_cast<std::uint32_t>(s)); }
+
+RECCL_DEVICE std::uint32_t read_status(std::uint32_t const* word) { return *static_cast<volatile std::uint32_t const*>(word); }
+
+/// How often (in polls) a spinning thread looks at the clock and the status word.
+inline constexpr std::uint32_t deadline_check_period = 256;
+
+/// A thread's deadline, started lazily: the clock is first read when a wait has already spun for a
+/// while, so the fast path of a collective never reads %globaltimer. A wait therefore gives up at
+/// most `timeout` after it first had to spin.
+struct deadline_clock {
+  std::uint64_t timeout = 0;
+  std::uint64_t end = 0;
+  RECCL_DEVICE explicit deadline_clock(std::uint64_t timeout_ns) : timeout(timeout_ns) {}
+  RECCL_DEVICE bool expired() {
+    std::uint64_t const t = globaltimer();
+    if (end == 0) end = t + timeout;
+    return t > end;
+  }
+};
+
+/// What ends a spinning wait without its condition. `begin()` is called when a wait starts,
+/// `give_up()` every `period` failed polls; true stops the wait (spin_until then returns false).
+template <class G>
+concept WaitGuard = requires(G g) {
+  { G::period } -> std::convertible_to<std::uint32_t>;
+  g.begin();
+  { g.give_up() } -> std::convertible_to<bool>;
+};
+
+/// The wait: poll until `poll()` is true (returns true) or the guard gives up (returns false).
+/// `spins` is incremented once per failed poll.
+template <class Poll, WaitGuard Guard>
+RECCL_DEVICE bool spin_until(Poll&& poll, Guard& guard, std::uint64_t& spins) {
+  guard.begin();
+  for (std::uint32_t k = 1;; ++k) {
+    if (poll()) return true;
+    ++spins;
+    if (k % Guard::period == 0 && guard.give_up()) return false;
+  }
+}
+template <class Poll, WaitGuard Guard>
+RECCL_DEVICE bool spin_until(Poll&& poll, Guard& guard) {
+  std::uint64_t spins = 0;
+  return spin_until(static_cast<Poll&&>(poll), guard, spins);
+}
+
+/// The plainest guard: give up at the deadline (nothing is recorded).
+struct deadline_guard {
+  deadline_clock clock;
+  static constexpr std::uint32_t period = deadline_check_period;
+  RECCL_DEVICE void begin() {}
+  RECCL_DEVICE bool give_up() { return clock.expired(); }
+};
+
+/// The rule of every plain kernel: stop when the CTA aborted (another warp failed), when the lane
+/// holds an error raised elsewhere (by this rank or, through shared memory, by a peer), or at the
+/// lane's deadline, which it records as status::timeout (sticky: the lane is failed). The adaptive
+/// kernels use guards that end a wait as a VT fault instead (device/adaptive/hooks.hpp).
+struct lane_guard {
+  deadline_clock* clock = nullptr;
+  std::uint32_t* status_word = nullptr;
+  int const* cta_abort = nullptr;  ///< optional: a shared-memory flag set by a failed warp of the CTA
+  static constexpr std::uint32_t period = deadline_check_period;
+  RECCL_DEVICE void begin() {}  ///< the lane's deadline spans every wait of the call
+  RECCL_DEVICE bool give_up() const {
+    if (cta_abort != nullptr && *static_cast<volatile int const*>(cta_abort)) return true;
+    if (read_status(status_word) != 0) return true;
+    if (clock->expired()) {
+      raise_status(status_word, status::timeout);
+      return true;
+    }
+    return false;
+  }
+};
+
+}  // namespace reccl::device
