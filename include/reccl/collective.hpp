@@ -8,7 +8,8 @@
 // run() dispatches to the transport's engine through an unqualified call of
 // run_collective<Kind, T, S, M, A>(comm, ...), found by argument-dependent lookup in the namespace
 // of the transport's communicator type (reccl::cpu for transport::cpu_threads). Another transport
-// plugs in by declaring its own communicator type and run_collective overload in its namespace.
+// plugs in by declaring its own communicator type and run_collective overload in its namespace:
+// reccl::p2p_communicator (reccl/host/p2p_collective.hpp) runs the same types on GPUs.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,13 @@ struct collective_op {
   static auto run(communicator& comm, int rank, T const* send, T* recv, std::uint64_t count, redop op = redop::sum,
                   int root = 0, A const& alloc = A{}) {
     return run_collective<Kind, T, S, M, A>(comm, rank, send, recv, count, op, root, alloc);
+  }
+
+  /// Any other call shape the transport's run_collective takes, e.g. the GPU transports'
+  /// run(comm, send, recv, count, op, stream, options) (reccl/host/p2p_collective.hpp).
+  template <class... Args>
+  static auto run(communicator& comm, Args&&... args) {
+    return run_collective<Kind, T, S, M, A>(comm, static_cast<Args&&>(args)...);
   }
 };
 

@@ -41,11 +41,19 @@ concept TransportHandle =
       { h.wait(vt, peer, f, value, deadline_ns) } -> std::same_as<wait_result>;  ///< until my flag f from (vt, peer) >= value
     };
 
-/// A Transport names its handle type and how many VTs it can carry.
+/// A Transport names its handle type (what a rank's threads or a kernel's CTAs hold, trivially
+/// copyable) and how many VTs it can carry. The CPU-thread and proxy transports hand out
+/// TransportHandles (above); the load/store GPU transports hand kernels a device handle
+/// (device/handle/memory.hpp) whose members are device functions, so a host compiler cannot check
+/// them here. A transport that a collective_op runs on also names its `communicator` (host object).
 template <class T>
 concept Transport = requires {
   typename T::handle;
   { T::max_vts } -> std::convertible_to<int>;
-} && TransportHandle<typename T::handle>;
+} && std::is_trivially_copyable_v<typename T::handle>;
+
+/// A Transport whose handle is a TransportHandle (checked by the host compiler).
+template <class T>
+concept QueueTransport = Transport<T> && TransportHandle<typename T::handle>;
 
 }  // namespace reccl

@@ -14,7 +14,7 @@
 using namespace reccl;
 using handle = transport::cpu_threads::handle;
 
-static_assert(Transport<transport::cpu_threads>);
+static_assert(QueueTransport<transport::cpu_threads>);
 static_assert(transport::cpu_threads::max_vts == reccl::max_vts);
 
 namespace {

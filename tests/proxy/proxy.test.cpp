@@ -81,7 +81,7 @@ struct world {
   }
 };
 
-static_assert(reccl::Transport<reccl::transport::proxy>);
+static_assert(reccl::QueueTransport<reccl::transport::proxy>);
 
 }  // namespace
 

@@ -250,7 +250,7 @@ struct cpu_threads {
   };
 };
 
-static_assert(Transport<cpu_threads>);
+static_assert(QueueTransport<cpu_threads>);
 static_assert(cpu::FifoHandle<cpu_threads::handle>);
 
 }  // namespace reccl::transport

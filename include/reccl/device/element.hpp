@@ -177,6 +177,27 @@ template <class T, redop Op> RECCL_DEVICE pack16 reduce_pair(pack16 const& r0, p
   return p;
 }
 
+/// a (op) b for one element, rounded to T after every combine (the arithmetic of the schedule
+/// plans, step by step, as the CPU engine runs them: cpu/numeric.hpp). No canonicalisation: the
+/// plans never carry Lamport sentinels. `avg` combines like `sum`; divide once at the end.
+template <class T> RECCL_DEVICE T combine_rounded(redop op, T a, T b) {
+  using A = typename element<T>::acc;
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(combine<A>(op, __half2float(a), __half2float(b)));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(combine<A>(op, __bfloat162float(a), __bfloat162float(b)));
+  } else {
+    return static_cast<T>(combine<A>(op, static_cast<A>(a), static_cast<A>(b)));
+  }
+}
+/// The last step of redop::avg on one element rounded to T (cpu::average's arithmetic).
+template <class T> RECCL_DEVICE T average_rounded(T sum, int nranks) {
+  using A = typename element<T>::acc;
+  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(finalize(redop::avg, __half2float(sum), nranks));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(finalize(redop::avg, __bfloat162float(sum), nranks));
+  else return static_cast<T>(finalize(redop::avg, static_cast<A>(sum), nranks));
+}
+
 /// Calls f.template operator()<Op>() with `op` as a compile-time value.
 template <class F> RECCL_DEVICE void with_op(redop op, F&& f) {
   switch (op) {

@@ -288,6 +288,6 @@ struct proxy {
   };
 };
 
-static_assert(Transport<proxy>);
+static_assert(QueueTransport<proxy>);
 
 }  // namespace reccl::transport
