@@ -26,7 +26,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <array>
 #include <string>
+#include <vector>
 
 #include "../collective.hpp"
 #include "../device/agent/plan.hpp"
@@ -73,12 +75,17 @@ __global__ void plan_average_kernel(T* p, std::uint64_t n, int nranks) {
 
 /// Device scratch of one communicator for the composed collectives: internal work and scratch
 /// buffers, a copy of an in-place input, per-VT stall counters. Grows outside graph capture only.
+/// Growing never frees (cudaFree waits for every kernel of the device, and a peer's kernel on this
+/// GPU may be waiting for this rank's next call): outgrown buffers are freed with the communicator.
 struct plan_staging {
   void* mem = nullptr;
   std::uint64_t bytes = 0;
   std::uint64_t* stalls = nullptr;  ///< max_vts counters
+  std::vector<void*> retired;
   ~plan_staging() {
-    if (mem) (void)cudaFree(mem);  // destructor: cannot report
+    // destructor: nothing to report to; a failed free leaves CUDA's sticky error
+    for (void* p : retired) (void)cudaFree(p);
+    if (mem) (void)cudaFree(mem);
     if (stalls) (void)cudaFree(stalls);
   }
 };
@@ -91,8 +98,7 @@ inline bool capturing(cudaStream_t s) {
 
 }  // namespace detail
 
-/// The staging of `comm` (created on first use).
-inline detail::plan_staging& plan_staging_of(p2p_communicator& comm);
+inline detail::plan_staging& plan_staging_of(p2p_communicator& comm, cudaStream_t stream);
 
 template <collective Kind, class T, Schedule S, Telemetry M, Allocator A>
 gpu_call_result run_collective(p2p_communicator& comm, T const* send, T* recv, std::uint64_t count, redop op,
@@ -139,16 +145,15 @@ gpu_call_result run_collective(p2p_communicator& comm, T const* send, T* recv, s
                        reinterpret_cast<std::uintptr_t>(send) < reinterpret_cast<std::uintptr_t>(recv + out_len) &&
                        reinterpret_cast<std::uintptr_t>(recv) < reinterpret_cast<std::uintptr_t>(send + in_len);
   std::uint64_t const need = ((internal_work ? work_len : 0) + scratch_len + (overlap ? in_len : 0)) * sizeof(T) + 3 * 256;
-  detail::plan_staging& st = plan_staging_of(comm);
+  detail::plan_staging& st = plan_staging_of(comm, stream);
   if (need > st.bytes) {
     if (detail::capturing(stream))
       reject(device::fault_cause::bad_argument, "the composed collectives' staging must grow (" + std::to_string(need) +
                                                     " bytes), which cannot happen during graph capture: run the call once before capturing");
-    RECCL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (st.mem) RECCL_CUDA_CHECK(cudaFree(st.mem));
-    st.mem = nullptr;
-    st.bytes = 0;
-    RECCL_CUDA_CHECK(cudaMalloc(&st.mem, need));
+    void* grown = nullptr;
+    RECCL_CUDA_CHECK(cudaMalloc(&grown, need));
+    if (st.mem) st.retired.push_back(st.mem);  // earlier calls on the stream may still use it
+    st.mem = grown;
     st.bytes = need;
   }
   char* cursor = static_cast<char*>(st.mem);
@@ -196,15 +201,18 @@ gpu_call_result run_collective(p2p_communicator& comm, T const* send, T* recv, s
 /// Failed polls per VT waiting for credit, summed over the calls so far (telemetry::stalls).
 inline std::array<std::uint64_t, max_vts> plan_stalls(p2p_communicator& comm) {
   std::array<std::uint64_t, max_vts> out{};
-  RECCL_CUDA_CHECK(cudaMemcpy(out.data(), plan_staging_of(comm).stalls, sizeof(out), cudaMemcpyDeviceToHost));
+  detail::plan_staging& st = comm.attachment<detail::plan_staging>();
+  if (st.stalls != nullptr) RECCL_CUDA_CHECK(cudaMemcpy(out.data(), st.stalls, sizeof(out), cudaMemcpyDeviceToHost));
   return out;
 }
 
-inline detail::plan_staging& plan_staging_of(p2p_communicator& comm) {
+/// The staging of `comm`, created on first use. Nothing here may wait for the device: another
+/// rank's kernel on this GPU may be waiting for this rank's call (loopback ranks).
+inline detail::plan_staging& plan_staging_of(p2p_communicator& comm, cudaStream_t stream) {
   auto& slot = comm.attachment<detail::plan_staging>();
   if (slot.stalls == nullptr) {
     RECCL_CUDA_CHECK(cudaMalloc(&slot.stalls, sizeof(std::uint64_t) * max_vts));
-    RECCL_CUDA_CHECK(cudaMemset(slot.stalls, 0, sizeof(std::uint64_t) * max_vts));
+    RECCL_CUDA_CHECK(cudaMemsetAsync(slot.stalls, 0, sizeof(std::uint64_t) * max_vts, stream));
   }
   return slot;
 }
