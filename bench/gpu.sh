@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
 #
-#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim all
-#                                 (default: all but proxy-ab)
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim ab all
+#                                 (default: all but proxy-ab and ab)
 #
 # proxy-ab: the copy-engine proxy's submission modes side by side (batched / one call per operation)
 # in reccl_proxy_cost and reccl_proxy_perf, the floods longer than the queue (kernels loaded first,
@@ -326,6 +326,35 @@ if has shim; then
   fi
 fi
 
+# ---- A/B of two builds on loopback ranks ----------------------------------------------------------
+# ab: reccl_loopback_perf built from this tree and from AB_OLD_INCLUDE (the old commit's include/:
+# git archive OLD include | tar -x -C DIR), run AB_PAIRS times each, interleaved (old, new, old, ...);
+# bench/perf/ab_table.py prints the ratio of medians new / old per configuration.
+if has ab; then
+  if [[ -z "${AB_OLD_INCLUDE:-}" || ! -d "${AB_OLD_INCLUDE}/reccl" ]]; then
+    log "ab: AB_OLD_INCLUDE must name the old commit's include/ directory"; SUMMARY+=("ab: not run (no AB_OLD_INCLUDE)")
+  else
+    NCCL_INC=$(dirname "$(ls /usr/include/nccl.h /usr/local/cuda/include/nccl.h 2>/dev/null | head -1)")
+    ABF=(-std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr -I.)
+    [[ "$NCCL_INC" != /usr/include ]] && ABF+=(-isystem "$NCCL_INC")
+    log "ab: building reccl_loopback_perf (new and old)"
+    nvcc "${ABF[@]}" -Iinclude bench/perf/loopback_perf.cu -o "$BUILD/lb_new" -lnccl >"$OUT/ab_build_new.log" 2>&1 &
+    pn=$!
+    nvcc "${ABF[@]}" -I"$AB_OLD_INCLUDE" bench/perf/loopback_perf.cu -o "$BUILD/lb_old" -lnccl >"$OUT/ab_build_old.log" 2>&1 &
+    po=$!
+    if wait $pn && wait $po; then
+      for i in $(seq 1 "${AB_PAIRS:-20}"); do
+        "$BUILD/lb_old" --reps "${AB_REPS:-3}" --label old --json "$OUT/ab_old_$i.json" ${AB_ARGS:-} >/dev/null || log "ab: old run $i failed"
+        "$BUILD/lb_new" --reps "${AB_REPS:-3}" --label new --json "$OUT/ab_new_$i.json" ${AB_ARGS:-} >/dev/null || log "ab: new run $i failed"
+      done
+      python3 bench/perf/ab_table.py "$OUT" >"$OUT/ab_table.txt" 2>&1
+      SUMMARY+=("ab: $(grep -c . "$OUT/ab_table.txt") lines in ab_table.txt")
+    else
+      tail -20 "$OUT/ab_build_new.log" "$OUT/ab_build_old.log"; SUMMARY+=("ab: build failed")
+    fi
+  fi
+fi
+
 # ---- summary --------------------------------------------------------------------------------------
 echo
 echo "================ summary ($RECCL_COMMIT) ================"
@@ -337,6 +366,7 @@ for s in "${SUMMARY[@]}"; do echo "$s"; done
 ls "$OUT"/ab_inline_*.json >/dev/null 2>&1 && { echo "-- proxy collectives by inline_bytes (median us, runs)"; python3 bench/proxy/inline_table.py "$OUT"; }
 for f in "$OUT"/ab_perf_*.txt; do [[ -f "$f" ]] && { echo "-- $(basename "$f")"; grep -v '^$' "$f"; }; done
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
+[[ -f "$OUT/ab_table.txt" ]] && cat "$OUT/ab_table.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"
 if ls "$OUT"/*.json >/dev/null 2>&1; then
   python3 - "$OUT" <<'PY'
