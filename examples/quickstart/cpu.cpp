@@ -3,7 +3,6 @@
 #include <reccl/policy/allocator/texcp.hpp>          // allocator::texcp
 #include <reccl/policy/schedule/ring.hpp>            // schedule::ring
 #include <reccl/policy/telemetry/stall_counter.hpp>  // telemetry::stalls
-
 #include <cstdio>
 #include <vector>
 
