@@ -1,8 +1,13 @@
-# Builds and runs tests/cmake/consumer against reccl, either through find_package after installing
-# reccl into a scratch prefix (MODE=find_package) or through FetchContent (MODE=fetch_content).
+# Builds and runs an outside project against reccl, either through find_package after installing
+# reccl into a scratch prefix (MODE=find_package) or through FetchContent (MODE=fetch_content). The
+# project is tests/cmake/consumer/CMakeLists.txt with the README's CPU quick start
+# (examples/quickstart/cpu.cpp) as its main.cpp.
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE ${WORK_DIR})
-set(consumer ${RECCL_SOURCE_DIR}/tests/cmake/consumer)
+set(consumer ${WORK_DIR}/src)
+file(MAKE_DIRECTORY ${consumer})
+file(COPY_FILE ${RECCL_SOURCE_DIR}/tests/cmake/consumer/CMakeLists.txt ${consumer}/CMakeLists.txt)
+file(COPY_FILE ${RECCL_SOURCE_DIR}/examples/quickstart/cpu.cpp ${consumer}/main.cpp)
 
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
