@@ -20,7 +20,8 @@
 # all-reduce loop (bench/shim/*.py). SHIM_PART=check|perf|all picks the nccl-tests part (default all).
 #
 # On one GPU the tests run on loopback ranks (create_loopback) and the adaptive bench too; the
-# reccl_perf stages need two GPUs. RECCL_GPU_BIN=dir takes prebuilt binaries from dir (built on
+# cases that need two GPUs (one rank per GPU) are skipped and counted in the summary, the
+# one-process-per-GPU test and the reccl_perf stages too. RECCL_GPU_BIN=dir takes prebuilt binaries from dir (built on
 # another machine with the same nvcc: bash bench/gpu.sh build there, or scripts/build-gpu-bin.sh)
 # and skips the build stage.
 #
@@ -40,6 +41,10 @@ STAGES=" ${*:-all} "
 STAGES=${STAGES/ all / build test sanitize bench-ar bench-other adaptive proxy shim }
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 log() { echo "[gpu.sh $(date +%H:%M:%S)] $*"; }
+# A doctest log's summary line, and the count of cases skipped (tests/doctest_main.hpp: too few GPUs
+# for their placement) where there are any; doctest's own line counts those among the passed. A
+# binary whose every case was skipped exits 77.
+cases() { echo "$(grep -E 'test cases:' "$1" | tail -1)  $(grep -E '^\[doctest\] skipped:' "$1" | tail -1)"; }
 SUMMARY=()
 
 # ---- build ----------------------------------------------------------------------------------------
@@ -147,17 +152,19 @@ echo "commit $RECCL_COMMIT  date $(date -u +%FT%TZ)" >>"$OUT/machine.txt"
 if has test; then
   log "GPU tests (one process, every GPU; loopback ranks on one GPU)"
   timeout 600 "$T_COLL" >"$OUT/test_collectives.log" 2>&1
-  rc=$?; SUMMARY+=("test collectives: rc=$rc  $(grep -E 'test cases:' "$OUT/test_collectives.log" | tail -1)")
+  rc=$?; SUMMARY+=("test collectives: rc=$rc  $(cases "$OUT/test_collectives.log")")
   grep -E "ERROR|FAILED|cases,|loopback" "$OUT/test_collectives.log" | head -30
   log "GPU tests of the adaptive loop"
   timeout 600 "$T_AD" >"$OUT/test_adaptive.log" 2>&1
-  rc=$?; SUMMARY+=("test adaptive: rc=$rc  $(grep -E 'test cases:' "$OUT/test_adaptive.log" | tail -1)")
+  rc=$?; SUMMARY+=("test adaptive: rc=$rc  $(cases "$OUT/test_adaptive.log")")
   grep -E "ERROR|FAILED|MESSAGE" "$OUT/test_adaptive.log" | head -30
   if [[ $NGPU -ge 2 ]]; then
     log "GPU tests (one process per GPU)"
     timeout 600 "$T_MP" >"$OUT/test_multiprocess.log" 2>&1
-    rc=$?; SUMMARY+=("test multiprocess: rc=$rc  $(grep -E 'test cases:' "$OUT/test_multiprocess.log" | tail -1)")
+    rc=$?; SUMMARY+=("test multiprocess: rc=$rc  $(cases "$OUT/test_multiprocess.log")")
     grep -E "ERROR|FAILED|wrong|rank" "$OUT/test_multiprocess.log" | head -30
+  else
+    SUMMARY+=("test multiprocess: skipped (one process per GPU needs 2 GPUs, this machine has $NGPU)")
   fi
 fi
 if has sanitize; then
@@ -172,7 +179,7 @@ if has sanitize; then
     RECCL_TEST_TIMEOUT_S=60 timeout 400 compute-sanitizer --tool memcheck --print-limit 20 "$2" -tc="$3" \
       >"$OUT/sanitize_$1.log" 2>&1
     local rc=$?
-    SUMMARY+=("memcheck $1: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$1.log" | tail -1)  $(grep -E 'test cases:' "$OUT/sanitize_$1.log" | tail -1)")
+    SUMMARY+=("memcheck $1: rc=$rc  $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$1.log" | tail -1)  $(cases "$OUT/sanitize_$1.log")")
   }
   SAN_PARTS=" ${SAN_PARTS:-collectives adaptive copy_engine proxy} "
   [[ "$SAN_PARTS" == *" collectives "* ]] && memcheck collectives "$T_COLL" '*unaligned*,*independent of the VT split*,*rejected on the host*'
@@ -229,15 +236,15 @@ fi
 if has proxy; then
   log "copy-engine proxy: GPU test, then reccl_proxy_cost"
   timeout 300 "$T_CE" >"$OUT/test_copy_engine.log" 2>&1
-  rc=$?; SUMMARY+=("test copy engine: rc=$rc  $(grep -E 'test cases:' "$OUT/test_copy_engine.log" | tail -1)")
+  rc=$?; SUMMARY+=("test copy engine: rc=$rc  $(cases "$OUT/test_copy_engine.log")")
   grep -E "ERROR|FAILED|MESSAGE" "$OUT/test_copy_engine.log" | head -10
   log "collectives over the copy-engine proxy"
   timeout 600 "$T_PC" >"$OUT/test_proxy_collectives.log" 2>&1
-  rc=$?; SUMMARY+=("test proxy collectives: rc=$rc  $(grep -E 'test cases:' "$OUT/test_proxy_collectives.log" | tail -1)")
+  rc=$?; SUMMARY+=("test proxy collectives: rc=$rc  $(cases "$OUT/test_proxy_collectives.log")")
   grep -E "ERROR|FAILED|MESSAGE|cases," "$OUT/test_proxy_collectives.log" | head -30
   log "collectives over the copy-engine proxy, one process per rank (CUDA IPC windows)"
   timeout 300 "$T_PP" >"$OUT/test_proxy_processes.log" 2>&1
-  rc=$?; SUMMARY+=("test proxy, one process per rank: rc=$rc  $(grep -E 'test cases:' "$OUT/test_proxy_processes.log" | tail -1)")
+  rc=$?; SUMMARY+=("test proxy, one process per rank: rc=$rc  $(cases "$OUT/test_proxy_processes.log")")
   grep -E "ERROR|FAILED|cases,|rank 0:" "$OUT/test_proxy_processes.log" | head -20
   timeout 300 "$PXC" -J "$OUT/proxy_cost.json" >"$OUT/proxy_cost.txt" 2>&1
   rc=$?; SUMMARY+=("proxy cost: rc=$rc")
@@ -309,7 +316,7 @@ fi
 if has shim; then
   log "NCCL shim: GPU test"
   timeout 600 "$T_SHIM" >"$OUT/test_shim.log" 2>&1
-  rc=$?; SUMMARY+=("test shim: rc=$rc  $(grep -E 'test cases:' "$OUT/test_shim.log" | tail -1)")
+  rc=$?; SUMMARY+=("test shim: rc=$rc  $(cases "$OUT/test_shim.log")")
   grep -E "ERROR|FAILED|ranks:|reccl:" "$OUT/test_shim.log" | head -10
   if [[ -x "${NCCL_TESTS_BIN:-}/all_reduce_perf" ]]; then
     log "NCCL shim: nccl-tests under NCCL and under the shim (part ${SHIM_PART:-all})"

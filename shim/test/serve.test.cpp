@@ -3,9 +3,8 @@
 // every dtype represents every input, partial sum and product exactly and the results can be
 // compared bit for bit against a host reference), outputs poisoned before each call. Checks that
 // reccl served what it claims to serve (reccl_nccl.h) and that NCCL computed the rest.
-// Labelled gpu; on one GPU the communicator has one rank.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+// Labelled gpu; on one GPU the communicator has one rank, without one every case is skipped.
+#include "../../tests/doctest_main.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -94,6 +93,13 @@ world& the_world() {
   static world w;
   return w;
 }
+
+/// Ends the case as skipped (SKIP_CASE) without a GPU.
+#define REQUIRE_GPU()                                                                 \
+  do {                                                                                \
+    int gpus_ = 0;                                                                    \
+    if (cudaGetDeviceCount(&gpus_) != cudaSuccess || gpus_ == 0) SKIP_CASE("no GPU"); \
+  } while (0)
 
 enum class coll { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 
@@ -241,6 +247,7 @@ int run_case(coll c, ncclDataType_t t, ncclRedOp_t op, std::size_t count, bool i
 }  // namespace
 
 TEST_CASE("shim serves every collective reccl claims, bit-exact, and NCCL the rest") {
+  REQUIRE_GPU();
   world& w = the_world();
   MESSAGE("ranks: ", w.n);
   std::mt19937 rng(20261201);
@@ -271,6 +278,7 @@ TEST_CASE("shim serves every collective reccl claims, bit-exact, and NCCL the re
 }
 
 TEST_CASE("shim forwards what reccl does not compute exactly as NCCL, and NCCL's results are right") {
+  REQUIRE_GPU();
   std::mt19937 rng(7);
   CHECK(run_case(coll::all_reduce, ncclInt8, ncclSum, 4099, false, 0, rng) == 0);
   CHECK(run_case(coll::all_reduce, ncclUint32, ncclMax, 4099, false, 0, rng) == 0);
@@ -279,6 +287,7 @@ TEST_CASE("shim forwards what reccl does not compute exactly as NCCL, and NCCL's
 }
 
 TEST_CASE("shim: a served all-reduce captured in a CUDA graph replays correctly") {
+  REQUIRE_GPU();
   world& w = the_world();
   int const n = w.n;
   std::size_t const count = (1u << 18) + 3;

@@ -3,8 +3,7 @@
 // probe, a captured graph adapts on replay, and a lost rank is a clean error that names it.
 // One process drives every rank: NCCL-backed ranks on >= 2 GPUs, else loopback ranks on GPU 0
 // (RECCL_TEST_LOOPBACK=N forces N loopback ranks).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+#include "../doctest_main.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -102,12 +101,9 @@ world* get_world() {
   return w;
 }
 
-#define REQUIRE_WORLD()                       \
-  world* wp = get_world();                    \
-  if (wp == nullptr) {                        \
-    MESSAGE("no GPU: GPU test skipped");      \
-    return;                                   \
-  }                                           \
+#define REQUIRE_WORLD()                   \
+  world* wp = get_world();                \
+  if (wp == nullptr) SKIP_CASE("no GPU"); \
   world& w = *wp
 
 /// One collective on every rank through `lanes`, checked bitwise against the CPU reference on

@@ -5,9 +5,8 @@
 // Every collective x dtype x op x size x algorithm x in/out-of-place is checked bitwise against an
 // independent CPU reference on fresh random data (with -0 among the floats), outputs poisoned first
 // and a guard after the output checked for stray writes. Large cases (1 GiB) are checked on the GPU.
-// Needs >= 2 GPUs joined by NVLink/P2P; on fewer the tests report a skip.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+// Without a GPU every case is skipped (SKIP_CASE).
+#include "../doctest_main.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -234,12 +233,9 @@ std::string run_case(world& w, case_spec const& s, std::vector<std::vector<unsig
   return "";
 }
 
-#define REQUIRE_WORLD()                                  \
-  world* wp = get_world();                               \
-  if (wp == nullptr) {                                   \
-    MESSAGE("no GPU: GPU test skipped");                 \
-    return;                                              \
-  }                                                      \
+#define REQUIRE_WORLD()                   \
+  world* wp = get_world();                \
+  if (wp == nullptr) SKIP_CASE("no GPU"); \
   world& w = *wp
 
 constexpr dtype all_dtypes[] = {dtype::float32, dtype::float16, dtype::bfloat16, dtype::int32, dtype::int64, dtype::float64};

@@ -2,8 +2,7 @@
 // queues, a proxy thread per rank issues them as copy-engine copies and stream memory writes, and
 // the peer's kernel waits on its flags. Random data, every byte checked; bad requests fail their
 // queue with a clear error instead of hanging.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+#include "../doctest_main.hpp"
 
 #include <cuda_runtime.h>
 
@@ -150,39 +149,42 @@ long count_wrong(copy_engine_group const& g, std::vector<std::vector<unsigned ch
   return wrong;
 }
 
+// 2 ranks x 3 VTs: random data with put + signal from kernels, every byte checked; both ranks on
+// GPU 0, or one rank per GPU.
+void exchange_random_data(bool two_gpus) {
+  copy_engine_config cfg;
+  cfg.nranks = 2;
+  cfg.n_vts = 3;
+  cfg.area_bytes = 64 << 10;
+  cfg.push_timeout_ns = gpu_test::test_timeout_ns(1);
+  if (two_gpus) cfg.devices = {0, 1};
+  copy_engine_group g(cfg);
+  int const rounds = 40;  // at most; fewer if the puts (growing sizes, odd offsets) would pass the area
+  int fit = 0;
+  for (std::uint64_t off = 0;; ++fit) {
+    std::uint64_t const n = 1000 + 136 * static_cast<std::uint64_t>(fit) + 2;
+    if (off + n > g.layout().area_bytes) break;
+    off += n + 3;
+  }
+  int const R = std::min(rounds, fit);
+  REQUIRE(R >= 8);
+  auto const win = randomize_windows(g, 7);
+  run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) { exchange<<<cfg.n_vts, 32, 0, s>>>(g.handle(r), 1 - r, R, gpu_test::test_timeout_ns(10), st); });
+  // every byte each rank received equals what the peer's send area held
+  auto const len = [](int k, int v) { return 1000 + 136 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(v); };
+  CHECK(count_wrong(g, win, R, len, 0) == 0);
+}
+
 }  // namespace
 
-TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from kernels") {
+TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from kernels, both ranks on GPU 0") {
   REQUIRE_GPU();
-  int ngpu = 0;
-  cudaGetDeviceCount(&ngpu);
-  for (bool two_gpus : {false, true}) {
-    if (two_gpus && ngpu < 2) {
-      MESSAGE("skipped: one rank per GPU (one GPU only)");
-      continue;
-    }
-    copy_engine_config cfg;
-    cfg.nranks = 2;
-    cfg.n_vts = 3;
-    cfg.area_bytes = 64 << 10;
-    cfg.push_timeout_ns = gpu_test::test_timeout_ns(1);
-    if (two_gpus) cfg.devices = {0, 1};
-    copy_engine_group g(cfg);
-    int const rounds = 40;  // at most; fewer if the puts (growing sizes, odd offsets) would pass the area
-    int fit = 0;
-    for (std::uint64_t off = 0;; ++fit) {
-      std::uint64_t const n = 1000 + 136 * static_cast<std::uint64_t>(fit) + 2;
-      if (off + n > g.layout().area_bytes) break;
-      off += n + 3;
-    }
-    int const R = std::min(rounds, fit);
-    REQUIRE(R >= 8);
-    auto const win = randomize_windows(g, 7);
-    run_both(g, [&](int r, cudaStream_t s, std::uint64_t* st) { exchange<<<cfg.n_vts, 32, 0, s>>>(g.handle(r), 1 - r, R, gpu_test::test_timeout_ns(10), st); });
-    // every byte each rank received equals what the peer's send area held
-    auto const len = [](int k, int v) { return 1000 + 136 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(v); };
-    CHECK(count_wrong(g, win, R, len, 0) == 0);
-  }
+  exchange_random_data(false);
+}
+
+TEST_CASE("copy engine: 2 ranks x 3 VTs move random data with put + signal from kernels, one rank per GPU") {
+  REQUIRE_GPUS(2);
+  exchange_random_data(true);
 }
 
 TEST_CASE("copy engine: inline puts from kernels (one thread, or a warp) carry random bytes of any size and alignment through the queue") {

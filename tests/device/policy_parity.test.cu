@@ -2,8 +2,9 @@
 // headers on the CPU and inside a kernel must give the same bits -- the allocators' updates
 // (texcp, proportional, aimd), to_split, the quantized cost model, the epoch checksum and the
 // control step with faults and probes. This is what lets every rank, host or device, compute the
-// same split. Exit status 0 when all 20,000 cases agree.
-#include <cstdio>
+// same split. All 20,000 cases must agree; without a GPU the case is skipped.
+#include "../doctest_main.hpp"
+
 #include <cstring>
 #include <random>
 #include <vector>
@@ -70,7 +71,9 @@ bool same(case_out const& a, case_out const& b) {
   return ok;
 }
 
-int main() {
+TEST_CASE("policy layer: host and device give the same bits on random inputs") {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
   int const n = 20000;
   std::mt19937_64 rng(2026);
   std::vector<case_in> in(n);
@@ -108,19 +111,18 @@ int main() {
     std::memset(&host[k], 0, sizeof(case_out));
     run_case(in[k], host[k]);
   }
-  case_in* din;
-  case_out* dout;
-  cudaMalloc(&din, n * sizeof(case_in));
-  cudaMalloc(&dout, n * sizeof(case_out));
-  cudaMemcpy(din, in.data(), n * sizeof(case_in), cudaMemcpyHostToDevice);
-  cudaMemset(dout, 0, n * sizeof(case_out));
+  case_in* din = nullptr;
+  case_out* dout = nullptr;
+  REQUIRE(cudaMalloc(&din, n * sizeof(case_in)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&dout, n * sizeof(case_out)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(din, in.data(), n * sizeof(case_in), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemset(dout, 0, n * sizeof(case_out)) == cudaSuccess);
   kernel<<<(n + 127) / 128, 128>>>(din, dout, n);
   cudaError_t const err = cudaDeviceSynchronize();
-  if (err != cudaSuccess) {
-    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
-    return 2;
-  }
-  cudaMemcpy(dev.data(), dout, n * sizeof(case_out), cudaMemcpyDeviceToHost);
+  REQUIRE_MESSAGE(err == cudaSuccess, "CUDA error: " << cudaGetErrorString(err));
+  REQUIRE(cudaMemcpy(dev.data(), dout, n * sizeof(case_out), cudaMemcpyDeviceToHost) == cudaSuccess);
+  cudaFree(din);
+  cudaFree(dout);
   int bad = 0, errors = 0, recovered = 0, timeouts = 0;
   for (int k = 0; k < n; ++k) {
     if (!same(host[k], dev[k])) ++bad;
@@ -128,8 +130,8 @@ int main() {
     recovered += host[k].res.st == status::recovered;
     timeouts += host[k].res.st == status::timeout;
   }
-  std::printf("%d random cases (texcp/proportional/aimd update, to_split, cost model eval, record checksum, "
-              "control step with faults and probes): %d differ between host and device "
-              "(steps: %d recovered, %d timeout, %d rejected)\n", n, bad, recovered, timeouts, errors);
-  return bad == 0 ? 0 : 1;
+  MESSAGE(n << " random cases (texcp/proportional/aimd update, to_split, cost model eval, record checksum, "
+              "control step with faults and probes): " << bad << " differ between host and device (steps: "
+            << recovered << " recovered, " << timeouts << " timeout, " << errors << " rejected)");
+  CHECK(bad == 0);
 }

@@ -3,10 +3,9 @@
 // reference on random data (outputs poisoned first, guard bytes checked); back-to-back calls and
 // CUDA-graph replays that continue the step counters; bad input rejected on the host; a rank that
 // never arrives ends in a timeout naming the rank and VT, no hang; any Allocator split (uneven shares,
-// a masked VT) gives the same results. Ranks are loopback ranks on
-// GPU 0, and with two GPUs also one rank per GPU.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+// a masked VT) gives the same results. Ranks are loopback ranks on GPU 0; the full matrix also
+// runs with one rank per GPU, a case skipped on fewer than two GPUs.
+#include "../doctest_main.hpp"
 
 #include <cuda_runtime.h>
 
@@ -149,72 +148,75 @@ outcome run_case(setup& S, collective c, dtype t, redop op, std::uint64_t count,
   return o;
 }
 
-std::vector<bool> placements() {
-  int ngpu = 0;
-  cudaGetDeviceCount(&ngpu);
-  return ngpu >= 2 ? std::vector<bool>{false, true} : std::vector<bool>{false};
-}
-
-}  // namespace
-
-TEST_CASE("proxy collectives: every collective, dtype, op, size and placement matches the CPU reference") {
-  REQUIRE_GPU();
+// Every collective, dtype, op, size, in and out of place, offset, 1 and 3 VTs against the CPU
+// reference: 2 and 3 loopback ranks on GPU 0, or 2 ranks with one rank per GPU.
+void check_every_case(bool two) {
   std::mt19937_64 rng(20261202);
   std::vector<dtype> const types = {dtype::int32, dtype::int64, dtype::float16, dtype::bfloat16, dtype::float32, dtype::float64};
   std::vector<redop> const ops = {redop::sum, redop::prod, redop::min, redop::max, redop::avg};
   std::vector<std::uint64_t> const small = {1, 7, 1000, 4099};
   long cases = 0, bad = 0;
-  for (bool two : placements())
-    for (int n : {2, 3}) {
-      if (two && n != 2) continue;
-      for (int vts : {1, 3}) {
-        // 64 KiB receive areas in 4 slots: the larger cases take many rounds and reuse every slot
-        auto S = std::make_unique<setup>(n, vts, 16u << 20, two);
-        for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather, collective::broadcast,
-                             collective::all_to_all}) {
-          bool const reduce = c == collective::all_reduce || c == collective::reduce_scatter;
-          for (dtype t : types) {
-            if (!reduce && t != dtype::float16 && t != dtype::float32 && t != dtype::int64) continue;
-            for (redop op : ops) {
-              if (!reduce && op != redop::sum) continue;
-              std::vector<std::uint64_t> sizes = small;
-              // large: one float, one 16-bit type and all copies, two ops
-              bool const big = !reduce || ((t == dtype::float32 || t == dtype::bfloat16) && (op == redop::sum || op == redop::max));
-              if (big) sizes.insert(sizes.end(), {(1u << 18) + 5, (1u << 20) / reccl::size_of(t) * 3 + 1});
-              for (std::uint64_t count : sizes)
-                for (bool ip : {false, true}) {
-                  if (ip && c == collective::all_to_all) continue;
-                  std::uint64_t const cap_elems = S->cap / reccl::size_of(t) / (n + 1);
-                  if (count > cap_elems) continue;
-                  for (std::uint64_t off : {std::uint64_t{0}, std::uint64_t{3}}) {
-                    if (off != 0 && count > 5000) continue;
-                    int const root = c == collective::broadcast ? static_cast<int>(count % static_cast<std::uint64_t>(n)) : 0;
-                    outcome const o = run_case(*S, c, t, op, count, ip, root, off, rng);
-                    ++cases;
-                    if (o.wrong != 0 || o.guard_hit != 0 || o.st != reccl::status::ok) {
-                      ++bad;
-                      if (bad <= 20)
-                        MESSAGE(name(c) << " " << name(t) << " " << name(op) << " count " << count << (ip ? " in-place" : "")
-                                        << " offset " << off << " ranks " << n << (two ? " (2 GPUs)" : "") << " VTs " << vts
-                                        << ": wrong " << o.wrong << " guard " << o.guard_hit << " " << o.msg);
-                      if (o.st != reccl::status::ok) {  // counters out of step: rebuild
-                        S.reset();
-                        S = std::make_unique<setup>(n, vts, 16u << 20, two);
-                      }
+  for (int n : two ? std::vector<int>{2} : std::vector<int>{2, 3}) {
+    for (int vts : {1, 3}) {
+      // 64 KiB receive areas in 4 slots: the larger cases take many rounds and reuse every slot
+      auto S = std::make_unique<setup>(n, vts, 16u << 20, two);
+      for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather, collective::broadcast,
+                           collective::all_to_all}) {
+        bool const reduce = c == collective::all_reduce || c == collective::reduce_scatter;
+        for (dtype t : types) {
+          if (!reduce && t != dtype::float16 && t != dtype::float32 && t != dtype::int64) continue;
+          for (redop op : ops) {
+            if (!reduce && op != redop::sum) continue;
+            std::vector<std::uint64_t> sizes = small;
+            // large: one float, one 16-bit type and all copies, two ops
+            bool const big = !reduce || ((t == dtype::float32 || t == dtype::bfloat16) && (op == redop::sum || op == redop::max));
+            if (big) sizes.insert(sizes.end(), {(1u << 18) + 5, (1u << 20) / reccl::size_of(t) * 3 + 1});
+            for (std::uint64_t count : sizes)
+              for (bool ip : {false, true}) {
+                if (ip && c == collective::all_to_all) continue;
+                std::uint64_t const cap_elems = S->cap / reccl::size_of(t) / (n + 1);
+                if (count > cap_elems) continue;
+                for (std::uint64_t off : {std::uint64_t{0}, std::uint64_t{3}}) {
+                  if (off != 0 && count > 5000) continue;
+                  int const root = c == collective::broadcast ? static_cast<int>(count % static_cast<std::uint64_t>(n)) : 0;
+                  outcome const o = run_case(*S, c, t, op, count, ip, root, off, rng);
+                  ++cases;
+                  if (o.wrong != 0 || o.guard_hit != 0 || o.st != reccl::status::ok) {
+                    ++bad;
+                    if (bad <= 20)
+                      MESSAGE(name(c) << " " << name(t) << " " << name(op) << " count " << count << (ip ? " in-place" : "")
+                                      << " offset " << off << " ranks " << n << (two ? " (2 GPUs)" : "") << " VTs " << vts
+                                      << ": wrong " << o.wrong << " guard " << o.guard_hit << " " << o.msg);
+                    if (o.st != reccl::status::ok) {  // counters out of step: rebuild
+                      S.reset();
+                      S = std::make_unique<setup>(n, vts, 16u << 20, two);
                     }
                   }
                 }
-            }
+              }
           }
         }
       }
     }
+  }
   MESSAGE(cases << " cases, " << bad << " wrong");
   CHECK(bad == 0);
   CHECK(cases > 500);
 }
 
-TEST_CASE("proxy collectives: the VT split comes from an Allocator; uneven shares and a masked VT give the same results") {
+}  // namespace
+
+TEST_CASE("proxy collectives: every collective, dtype, op and size matches the CPU reference, ranks on GPU 0") {
+  REQUIRE_GPU();
+  check_every_case(false);
+}
+
+TEST_CASE("proxy collectives: every collective, dtype, op and size matches the CPU reference, one rank per GPU") {
+  REQUIRE_GPUS(2);
+  check_every_case(true);
+}
+
+TEST_CASE("proxy collectives: the VT split comes from an Allocator, and uneven shares or a masked VT give the same results") {
   REQUIRE_GPU();
   std::mt19937_64 rng(77);
   int const vts = 3;

@@ -68,16 +68,20 @@ inline std::uint64_t test_timeout_ns(double default_s) {
   return static_cast<std::uint64_t>((to ? std::atof(to) : default_s) * 1e9);
 }
 
-/// Whether a CUDA device is present; REQUIRE_GPU() ends a doctest case with "skipped: no GPU" if not.
-inline bool have_gpu() {
+/// The CUDA devices this process sees (0 without a GPU or a driver).
+inline int gpu_count() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
-#define REQUIRE_GPU()                                        \
-  if (!gpu_test::have_gpu()) {                               \
-    MESSAGE("skipped: no GPU");                              \
-    return;                                                  \
-  }
+/// REQUIRE_GPUS(k) ends the doctest case as skipped (SKIP_CASE, tests/doctest_main.hpp) where fewer
+/// than k GPUs are present; REQUIRE_GPU() is REQUIRE_GPUS(1).
+#define REQUIRE_GPUS(k)                                                                 \
+  do {                                                                                  \
+    int const gpus_ = ::gpu_test::gpu_count();                                          \
+    if (gpus_ == 0) SKIP_CASE("no GPU");                                                \
+    if (gpus_ < (k)) SKIP_CASE("needs " << (k) << " GPUs, this machine has " << gpus_); \
+  } while (0)
+#define REQUIRE_GPU() REQUIRE_GPUS(1)
 
 // ---- CPU reference: element conversions written independently of the device headers ----------
 

@@ -1,9 +1,8 @@
 // Verbs backend. The immediate encoding of signals is plain arithmetic and always tested. The
 // backend itself is built only with RECCL_HAVE_IBVERBS, and its tests need an RDMA device: where
-// ibv_get_device_list finds none they print "skipped: no RDMA device" and are skipped (reported
-// as skipped, never passed). It has not yet run on hardware.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+// ibv_get_device_list finds none they print "skipped: no RDMA device" and are reported as skipped
+// (SKIP_CASE), never passed. It has not yet run on hardware.
+#include "../doctest_main.hpp"
 
 #include <cstdint>
 #include <random>
@@ -37,7 +36,7 @@ TEST_CASE("signal immediate: flag index and value survive the 32-bit encoding") 
 #if !defined(RECCL_HAVE_IBVERBS)
 
 TEST_CASE("ibverbs backend") {
-  MESSAGE("skipped: built without RECCL_HAVE_IBVERBS (libibverbs-dev not found at configure time)");
+  SKIP_CASE("built without RECCL_HAVE_IBVERBS (libibverbs-dev not found at configure time)");
 }
 
 #else
@@ -77,17 +76,14 @@ struct thread_all_gather {
 }  // namespace
 
 TEST_CASE("ibverbs: RDMA device present") {
-  if (no_rdma_device) {
-    MESSAGE("skipped: no RDMA device");
-    return;
-  }
+  if (no_rdma_device) SKIP_CASE("no RDMA device");
   int const n = ib_device_count();
   MESSAGE("RDMA devices: " << n);
   CHECK(n > 0);
 }
 
-TEST_CASE("ibverbs: two ranks in one process move random data with put, signal and get" *
-          doctest::skip(no_rdma_device)) {
+TEST_CASE("ibverbs: two ranks in one process move random data with put, signal and get") {
+  if (no_rdma_device) SKIP_CASE("no RDMA device");
   constexpr int nranks = 2, rounds = 20;
   window_layout const layout{nranks, 1, 1 << 16};
   std::vector<std::unique_ptr<std::byte[]>> windows;
@@ -169,7 +165,8 @@ TEST_CASE("ibverbs: two ranks in one process move random data with put, signal a
   }
 }
 
-TEST_CASE("ibverbs: a bad device name is a clear error on every rank, not a hang" * doctest::skip(no_rdma_device)) {
+TEST_CASE("ibverbs: a bad device name is a clear error on every rank, not a hang") {
+  if (no_rdma_device) SKIP_CASE("no RDMA device");
   std::byte window[64];
   std::uint64_t flags[4] = {};
   thread_all_gather ag(2);
