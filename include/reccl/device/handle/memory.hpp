@@ -21,7 +21,9 @@
 //    wait(f, me, >= v) returned true (an acquire);
 //  * put() is a plain store (no ordering): follow it with a barrier of the storing threads and a
 //    signal; the peer reads the data after its wait;
-//  * barrier() orders everything the CTA did before it against everything any rank's CTA does after.
+//  * barrier() orders everything the CTA did before it against everything any rank's CTA does after;
+//  * lamport_store()/lamport_wait() order nothing: each 16-byte pack carries its own arrival (see
+//    "Lamport slots" below).
 //
 // Faults: the first failure a rank sees is written into its fault word (one 64-bit CAS: status,
 // origin rank, peer, VT and a cause code), and is sticky. Every wait gives up once the word is set,
@@ -221,6 +223,40 @@ struct memory_handle {
     __syncthreads();
     return failed == 0 && !faulted();
   }
+
+  // ---- Lamport slots ------------------------------------------------------------------------
+  // A Lamport slot is 16 bytes of the data region that carry their own arrival: the reader keeps it
+  // filled with lamport_sentinel words (the bits of -0.0f) and polls until no word holds the
+  // sentinel; the writer stores a pack none of whose words is the sentinel (float data made
+  // canonical(): -0 becomes +0). No flag, no fence: one crossing per pack.
+  //
+  // Memory order: lamport_store is a relaxed system-scope store and lamport_wait polls with relaxed
+  // system-scope loads. An arrived pack says nothing about any other memory: read only the packs
+  // you polled. Each 4-byte word is checked, since a 16-byte store is only guaranteed to land in
+  // whole 8-byte halves. Reuse: the reader re-poisons a slot after reading it (lamport_clear, a
+  // plain local store); a writer may fill the same slot again only once it knows the reader is past
+  // that point -- e.g. slots alternate between two phases per call, and every call waits for data
+  // from every peer, so a writer reaches phase p again only after the reader's kernel that cleared
+  // phase p has completed (stream order).
+
+  /// Store pack `x` (no sentinel word) into a Lamport slot in any rank's memory.
+  RECCL_DEVICE static void lamport_store(void* slot, pack16 const& x) { store_pack_relaxed_sys(slot, x); }
+  /// One poll of a slot in my memory (issue many, then lamport_wait only the ones not arrived).
+  RECCL_DEVICE static pack16 lamport_load(void const* slot) { return load_pack_relaxed_sys(slot); }
+  /// Poll the slot `slot` in my memory, written by rank `src`, until it holds a pack with no
+  /// sentinel word; the pack is left in `x`. False when the wait gave up, as wait(): a timeout
+  /// naming src and vt is then in the fault word (or an earlier fault was).
+  RECCL_DEVICE bool lamport_wait(void const* slot, pack16& x, int src, deadline_clock& clock, int vt = -1) const {
+    guard g = make_guard(clock, src, vt);
+    return spin_until(
+        [&] {
+          x = load_pack_relaxed_sys(slot);
+          return lamport_arrived(x);
+        },
+        g);
+  }
+  /// Refill a slot with the sentinel after reading it (plain store: the slot is in my memory).
+  RECCL_DEVICE static void lamport_clear(void* slot) { store_pack(slot, lamport_poison()); }
 
   // ---- puts ---------------------------------------------------------------------------------
   /// Copy `bytes` from `src` (any memory this GPU reads) to `dst` in rank `peer`'s memory, by thread
