@@ -17,10 +17,16 @@ if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null 
 if [ "$gpus" -ge 1 ] && command -v nvcc >/dev/null 2>&1; then
   export NCCL_NVLS_ENABLE=0   # never NVLink multicast
   cmake --preset gpu >/dev/null
+  # Each example is one CUDA file, compiled for the dtypes it reduces only (RECCL_DTYPES); ninja
+  # prints one line per file and nothing while nvcc runs, so say up front what is being built.
   if [ "$gpus" -ge 2 ]; then
+    echo "demo: compiling examples/02_adaptive_gpu and examples/gpu_demo for sm_90 (bf16/fp32 kernels only):" \
+      "about a minute when not built yet (one nvcc process per file, silent while it runs)" >&2
     cmake --build --preset gpu --target reccl.example.gpu_demo reccl.example.adaptive_gpu
     build/gpu/examples/gpu_demo/gpu_demo --json build/demo-nvlink-summary.json
   else
+    echo "demo: compiling examples/02_adaptive_gpu for sm_90 (bf16 kernels only):" \
+      "about a minute when not built yet (one nvcc process per file, silent while it runs)" >&2
     cmake --build --preset gpu --target reccl.example.adaptive_gpu
   fi
   exec build/gpu/examples/02_adaptive_gpu/adaptive_gpu --json build/demo-summary.json "$@"

@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "reccl/device/element.hpp"
+#include "reccl/error.hpp"
 #include "reccl/types.hpp"
 
 namespace reccl::bench {
@@ -105,17 +107,18 @@ __global__ void diff_kernel(reccl::device::bits_t<T> const* a, reccl::device::bi
   if (w) atomicAdd(wrong, w);
 }
 
-/// Calls f.template operator()<T>() with T the storage type of `t`.
+/// Calls f.template operator()<T>() with T the storage type of `t`. Only for the dtypes this program's
+/// reducing kernels are compiled for (RECCL_DTYPES): the kernels here are instantiated for those
+/// alone, and another dtype throws reccl::error.
 template <class F>
 void dispatch_dtype(reccl::dtype t, F&& f) {
-  switch (t) {
-    case reccl::dtype::int32: f.template operator()<std::int32_t>(); break;
-    case reccl::dtype::int64: f.template operator()<std::int64_t>(); break;
-    case reccl::dtype::float16: f.template operator()<__half>(); break;
-    case reccl::dtype::bfloat16: f.template operator()<__nv_bfloat16>(); break;
-    case reccl::dtype::float32: f.template operator()<float>(); break;
-    case reccl::dtype::float64: f.template operator()<double>(); break;
-  }
+  bool const ran = reccl::device::with_compiled_dtype<bool>(t, false, [&](auto e) {
+    f.template operator()<typename decltype(e)::type>();
+    return true;
+  });
+  if (!ran)
+    throw reccl::error(reccl::status::invalid_argument,
+                       std::string("bench reference: dtype ") + std::string(reccl::name(t)) + " is not in RECCL_DTYPES");
 }
 
 /// Fill `n` elements at `p` with rank r's input elements [first, first+n).

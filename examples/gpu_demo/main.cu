@@ -11,6 +11,10 @@
 // Ends with a JSON summary (--json FILE). Exit status: 0 when every result is right.
 //
 //   gpu_demo [--json FILE]          (NCCL_NVLS_ENABLE=0: NVLink multicast stays off)
+// It reduces bf16 and fp32 only, so only their reduction kernels are compiled (RECCL_DTYPES,
+// reccl/types.hpp).
+#define RECCL_DTYPES bfloat16 | float32
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 

@@ -51,4 +51,18 @@ class error : public std::runtime_error {
   std::string detail_;
 };
 
+/// Throws invalid_argument when collective `c` reduces dtype `t` and this program's reducing kernels
+/// leave `t` out (RECCL_DTYPES, types.hpp). Every GPU entry point calls it before it picks a kernel.
+inline void require_compiled(collective c, dtype t) {
+  if (!reduces(c) || dtype_compiled(t)) return;
+  static constexpr char const* macro_names[] = {"int32", "int64", "float16", "bfloat16", "float32", "float64"};
+  std::string built;
+  for (unsigned k = 0; k < 6; ++k)
+    if ((compiled_dtypes >> k) & 1u) built += std::string(built.empty() ? "" : "|") + macro_names[k];
+  throw error(status::invalid_argument, std::string(name(c)) + " on " + std::string(name(t)) +
+                                            ": this program's reduction kernels are compiled for RECCL_DTYPES=" + built +
+                                            " only (rebuild with " + macro_names[static_cast<unsigned>(t)] +
+                                            " added to RECCL_DTYPES)");
+}
+
 }  // namespace reccl

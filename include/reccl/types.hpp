@@ -26,6 +26,39 @@ RECCL_HOST_DEVICE constexpr std::size_t size_of(dtype t) {
   return 0;
 }
 
+/// Sets of dtypes as bit masks (bit `static_cast<int>(t)` for dtype t): the names RECCL_DTYPES takes.
+namespace dtype_bits {
+inline constexpr std::uint32_t int32 = 1u << 0, int64 = 1u << 1, float16 = 1u << 2, bfloat16 = 1u << 3,
+                               float32 = 1u << 4, float64 = 1u << 5, all = 0x3fu;
+}  // namespace dtype_bits
+
+/// The dtypes this program's reducing GPU kernels (all-reduce, reduce-scatter) are compiled for.
+/// Every kernel family (one-shot, two-shot, pipelined, the adaptive lane's, the proxy's) has one
+/// instantiation per element type, so a program that reduces only a few dtypes can leave the others
+/// out and compile a fraction of the device code, by defining RECCL_DTYPES before any reccl header:
+///
+///   nvcc -DRECCL_DTYPES=bfloat16 ...
+///   target_compile_definitions(app PRIVATE "RECCL_DTYPES=bfloat16|float32")   # CMake
+///
+/// (names from reccl::dtype_bits joined with `|`; not with commas, which nvcc splits -D on). Unset,
+/// it is every dtype. A reduction on a dtype left out throws reccl::error(invalid_argument) naming
+/// it and RECCL_DTYPES; collectives that only move data (all-gather, broadcast, all-to-all) run on
+/// every dtype either way. Give every translation unit of a program the same value: the dispatch
+/// functions are inline, and one program has one definition of each.
+#if defined(RECCL_DTYPES)
+inline constexpr std::uint32_t compiled_dtypes = [] {
+  using namespace dtype_bits;
+  return std::uint32_t{RECCL_DTYPES};  // empty: 0, refused below
+}();
+#else
+inline constexpr std::uint32_t compiled_dtypes = dtype_bits::all;
+#endif
+static_assert(compiled_dtypes != 0 && (compiled_dtypes & ~dtype_bits::all) == 0,
+              "RECCL_DTYPES must name one or more dtypes from reccl::dtype_bits, e.g. bfloat16|float32");
+
+/// Whether the reducing GPU kernels for `t` are compiled into this program (see compiled_dtypes).
+constexpr bool dtype_compiled(dtype t) { return ((compiled_dtypes >> static_cast<unsigned>(t)) & 1u) != 0; }
+
 /// True for collectives that combine values (and so take a redop).
 RECCL_HOST_DEVICE constexpr bool reduces(collective c) {
   return c == collective::all_reduce || c == collective::reduce_scatter;

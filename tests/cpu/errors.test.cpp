@@ -195,3 +195,11 @@ TEST_CASE("reccl::error: what() names status, rank, VT and epoch") {
   reccl::error const f(status::invalid_argument, "bad");
   CHECK(std::string(f.what()) == "reccl invalid_argument: bad");
 }
+
+TEST_CASE("without RECCL_DTYPES every dtype's reductions are compiled") {
+  static_assert(reccl::compiled_dtypes == reccl::dtype_bits::all);
+  for (dtype t : all_dtypes) {
+    CHECK(reccl::dtype_compiled(t));
+    CHECK_NOTHROW(reccl::require_compiled(collective::all_reduce, t));
+  }
+}

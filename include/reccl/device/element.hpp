@@ -88,6 +88,38 @@ template <> struct element<raw_byte> {
   static constexpr bool is_float = false;
 };
 
+/// The element type of dtype D.
+template <dtype D> struct dtype_element;
+template <> struct dtype_element<dtype::int32> { using type = std::int32_t; };
+template <> struct dtype_element<dtype::int64> { using type = std::int64_t; };
+template <> struct dtype_element<dtype::float16> { using type = __half; };
+template <> struct dtype_element<dtype::bfloat16> { using type = __nv_bfloat16; };
+template <> struct dtype_element<dtype::float32> { using type = float; };
+template <> struct dtype_element<dtype::float64> { using type = double; };
+template <dtype D> using dtype_element_t = typename dtype_element<D>::type;
+
+namespace detail {
+template <dtype D, class R, class F> R if_compiled(R none, F& f) {
+  if constexpr (dtype_compiled(D)) return f(std::type_identity<dtype_element_t<D>>{});
+  else return none;
+}
+}  // namespace detail
+
+/// f(std::type_identity<T>{}) with T the element type of `t`; `none` when t is left out of this
+/// program's reducing kernels (RECCL_DTYPES, types.hpp). `f` is then never instantiated for T, so
+/// the kernels it names for T are not compiled: every per-dtype kernel table goes through here.
+template <class R, class F> R with_compiled_dtype(dtype t, R none, F&& f) {
+  switch (t) {
+    case dtype::int32: return detail::if_compiled<dtype::int32>(none, f);
+    case dtype::int64: return detail::if_compiled<dtype::int64>(none, f);
+    case dtype::float16: return detail::if_compiled<dtype::float16>(none, f);
+    case dtype::bfloat16: return detail::if_compiled<dtype::bfloat16>(none, f);
+    case dtype::float32: return detail::if_compiled<dtype::float32>(none, f);
+    case dtype::float64: return detail::if_compiled<dtype::float64>(none, f);
+  }
+  return none;
+}
+
 /// Elements per 16-byte pack.
 template <class T> inline constexpr int pack_elems = 16 / static_cast<int>(sizeof(T));
 template <class T> using bits_t = typename bits_of<static_cast<int>(sizeof(T))>::type;

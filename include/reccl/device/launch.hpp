@@ -3,7 +3,8 @@
 //
 // Instantiations are kept few on purpose (CI compiles every device source for sm_90 on 2 cores):
 // the reduction op and the collective are run-time values inside one kernel per (engine, element
-// type); collectives that only move data use a single byte-stream instantiation.
+// type); collectives that only move data use a single byte-stream instantiation. A program that
+// reduces only some dtypes compiles only theirs with RECCL_DTYPES (types.hpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,45 +21,30 @@ using kernel_fn = void (*)(coll_args);
 
 
 /// The kernel that runs `algo` on elements of type `t` (raw bytes for collectives that do not reduce),
-/// or nullptr when that combination does not exist.
+/// or nullptr when that combination does not exist or `t` is left out of this program's reducing
+/// kernels (RECCL_DTYPES).
 inline kernel_fn select_kernel(algorithm algo, collective c, dtype t) {
   bool const raw = !reduces(c);
   switch (algo) {
     case algorithm::one_shot:
-      // Lamport packets for float reductions, LL packets (data + flag) for everything else
+      // Lamport packets for 16- and 32-bit float reductions, LL packets (data + flag) for everything else
       if (raw) return &ll_kernel<raw_byte>;
-      switch (t) {
-        case dtype::float32: return &one_shot_kernel<float>;
-        case dtype::float16: return &one_shot_kernel<__half>;
-        case dtype::bfloat16: return &one_shot_kernel<__nv_bfloat16>;
-        case dtype::float64: return &ll_kernel<double>;
-        case dtype::int32: return &ll_kernel<std::int32_t>;
-        case dtype::int64: return &ll_kernel<std::int64_t>;
-      }
-      return nullptr;
+      return with_compiled_dtype<kernel_fn>(t, nullptr, [](auto e) -> kernel_fn {
+        using T = typename decltype(e)::type;
+        if constexpr (element<T>::is_float && sizeof(T) <= 4) return &one_shot_kernel<T>;
+        else return &ll_kernel<T>;
+      });
     case algorithm::pipelined:
       if (raw) return &pipelined_kernel<raw_byte>;
-      switch (t) {
-        case dtype::float32: return &pipelined_kernel<float>;
-        case dtype::float16: return &pipelined_kernel<__half>;
-        case dtype::bfloat16: return &pipelined_kernel<__nv_bfloat16>;
-        case dtype::float64: return &pipelined_kernel<double>;
-        case dtype::int32: return &pipelined_kernel<std::int32_t>;
-        case dtype::int64: return &pipelined_kernel<std::int64_t>;
-      }
-      return nullptr;
+      return with_compiled_dtype<kernel_fn>(t, nullptr, [](auto e) -> kernel_fn {
+        return &pipelined_kernel<typename decltype(e)::type>;
+      });
     case algorithm::two_shot:
     case algorithm::direct:
       if (raw) return &direct_kernel<raw_byte>;
-      switch (t) {
-        case dtype::float32: return &direct_kernel<float>;
-        case dtype::float16: return &direct_kernel<__half>;
-        case dtype::bfloat16: return &direct_kernel<__nv_bfloat16>;
-        case dtype::float64: return &direct_kernel<double>;
-        case dtype::int32: return &direct_kernel<std::int32_t>;
-        case dtype::int64: return &direct_kernel<std::int64_t>;
-      }
-      return nullptr;
+      return with_compiled_dtype<kernel_fn>(t, nullptr, [](auto e) -> kernel_fn {
+        return &direct_kernel<typename decltype(e)::type>;
+      });
     case algorithm::automatic: return nullptr;
   }
   return nullptr;

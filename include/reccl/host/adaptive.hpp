@@ -140,19 +140,19 @@ class adaptive_lane {
 
   // ---- collectives (same meaning and buffer rules as nvlink_communicator's)
   void all_reduce(void const* in, void* out, std::size_t count, dtype t, redop op, cudaStream_t s) {
-    run(collective::all_reduce, in, out, count, t, op, 0, s);
+    run<collective::all_reduce>(in, out, count, t, op, 0, s);
   }
   void reduce_scatter(void const* in, void* out, std::size_t count, dtype t, redop op, cudaStream_t s) {
-    run(collective::reduce_scatter, in, out, count, t, op, 0, s);
+    run<collective::reduce_scatter>(in, out, count, t, op, 0, s);
   }
   void all_gather(void const* in, void* out, std::size_t count, dtype t, cudaStream_t s) {
-    run(collective::all_gather, in, out, count, t, redop::sum, 0, s);
+    run<collective::all_gather>(in, out, count, t, redop::sum, 0, s);
   }
   void broadcast(void const* in, void* out, std::size_t count, dtype t, int root, cudaStream_t s) {
-    run(collective::broadcast, in, out, count, t, redop::sum, root, s);
+    run<collective::broadcast>(in, out, count, t, redop::sum, root, s);
   }
   void all_to_all(void const* in, void* out, std::size_t count, dtype t, cudaStream_t s) {
-    run(collective::all_to_all, in, out, count, t, redop::sum, 0, s);
+    run<collective::all_to_all>(in, out, count, t, redop::sum, 0, s);
   }
 
   // ---- control and visibility
@@ -244,25 +244,24 @@ class adaptive_lane {
     RECCL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
   }
 
-  template <class T>
-  static device::adaptive::kernel_fn_t kernel() {
-    return &device::adaptive::adaptive_kernel<T, M, A>;
-  }
-  static device::adaptive::kernel_fn_t select(collective c, dtype t) {
-    using device::raw_byte;
-    if (!reduces(c)) return kernel<raw_byte>();
-    switch (t) {
-      case dtype::float32: return kernel<float>();
-      case dtype::float16: return kernel<__half>();
-      case dtype::bfloat16: return kernel<__nv_bfloat16>();
-      case dtype::float64: return kernel<double>();
-      case dtype::int32: return kernel<std::int32_t>();
-      case dtype::int64: return kernel<std::int64_t>();
+  /// The lane's kernel for collective C on dtype t; nullptr when t is left out of this program
+  /// (RECCL_DTYPES). Chosen per collective at compile time, so a program that only reduces never
+  /// compiles the byte-stream kernel, and one that only moves data compiles no reduction kernel.
+  template <collective C>
+  static device::adaptive::kernel_fn_t select(dtype t) {
+    using device::adaptive::kernel_fn_t;
+    if constexpr (!reduces(C)) {
+      return &device::adaptive::adaptive_kernel<device::raw_byte, M, A>;
+    } else {
+      return device::with_compiled_dtype<kernel_fn_t>(t, nullptr, [](auto e) -> kernel_fn_t {
+        return &device::adaptive::adaptive_kernel<typename decltype(e)::type, M, A>;
+      });
     }
-    return nullptr;
   }
 
-  void run(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t s) {
+  template <collective C>
+  void run(void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t s) {
+    constexpr collective c = C;
     launch_options lo;
     lo.algo = algorithm::pipelined;
     lo.lane = o_.lane;
@@ -283,7 +282,7 @@ class adaptive_lane {
     a.n_vts = o_.vts;
     a.data_ctas = p.grid;
     a.ablate = o_.ablate;
-    device::adaptive::kernel_fn_t const k = select(c, t);
+    device::adaptive::kernel_fn_t const k = select<C>(t);
     if (k == nullptr) throw error(status::invalid_argument, "adaptive_lane: unknown dtype");
     RECCL_CUDA_CHECK(cudaSetDevice(c_->device()));
     cudaLaunchConfig_t cfg{};

@@ -756,6 +756,7 @@ class nvlink_communicator {
     if (static_cast<unsigned>(t) > static_cast<unsigned>(dtype::float64))
       throw error(status::invalid_argument, "unknown dtype");
     if (static_cast<unsigned>(op) > static_cast<unsigned>(redop::avg)) throw error(status::invalid_argument, "unknown redop");
+    require_compiled(c, t);
     if (root < 0 || root >= s_->nranks) throw error(status::invalid_argument, "root outside [0, ranks)");
     check_lane(o.lane);
     if (count == 0) return device::coll_args{};

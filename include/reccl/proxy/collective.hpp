@@ -545,14 +545,10 @@ class proxy_collectives {
       b.count = a.count * size_of(a.type);  // copies run in bytes
       detail::collective_kernel<device::raw_byte><<<grid, threads, 0, stream>>>(h, b, st);
     } else {
-      switch (a.type) {
-        case dtype::int32: detail::collective_kernel<std::int32_t><<<grid, threads, 0, stream>>>(h, a, st); break;
-        case dtype::int64: detail::collective_kernel<std::int64_t><<<grid, threads, 0, stream>>>(h, a, st); break;
-        case dtype::float16: detail::collective_kernel<__half><<<grid, threads, 0, stream>>>(h, a, st); break;
-        case dtype::bfloat16: detail::collective_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(h, a, st); break;
-        case dtype::float32: detail::collective_kernel<float><<<grid, threads, 0, stream>>>(h, a, st); break;
-        case dtype::float64: detail::collective_kernel<double><<<grid, threads, 0, stream>>>(h, a, st); break;
-      }
+      device::with_compiled_dtype<bool>(a.type, false, [&](auto e) {
+        detail::collective_kernel<typename decltype(e)::type><<<grid, threads, 0, stream>>>(h, a, st);
+        return true;
+      });
     }
     cudaError_t const e = cudaGetLastError();
     RECCL_CUDA_CHECK(cudaSetDevice(cur));
@@ -622,6 +618,8 @@ class proxy_collectives {
     if (rank < 0 || rank >= L.nranks) bad("rank out of range");
     if (!g_.is_local(rank)) bad("rank " + std::to_string(rank) + " is not in this process");
     if (a.coll == collective::broadcast && (a.root < 0 || a.root >= L.nranks)) bad("root out of range");
+    if (static_cast<unsigned>(a.type) > static_cast<unsigned>(dtype::float64)) bad("unknown dtype");
+    require_compiled(a.coll, a.type);
     if (a.count == 0) return;
     auto const base = reinterpret_cast<std::uintptr_t>(g_.symmetric(rank));
     std::uint64_t const es = size_of(a.type);
@@ -653,12 +651,11 @@ class proxy_collectives {
   static void load_kernels() {
     cudaFuncAttributes fa{};
     RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<device::raw_byte>));
-    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<std::int32_t>));
-    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<std::int64_t>));
-    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<__half>));
-    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<__nv_bfloat16>));
-    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<float>));
-    RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<double>));
+    for (dtype t : {dtype::int32, dtype::int64, dtype::float16, dtype::bfloat16, dtype::float32, dtype::float64})
+      device::with_compiled_dtype<bool>(t, false, [&](auto e) {
+        RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, detail::collective_kernel<typename decltype(e)::type>));
+        return true;
+      });
   }
 
   copy_engine_group& g_;
