@@ -205,11 +205,11 @@ class p2p_communicator {
   int next_flag_ = 0;
   std::uint64_t next_byte_ = 0;
   device::plan_lane lane_{};
+  std::shared_ptr<ipc_windows> ipc_;
+  std::shared_ptr<loopback_memory> loopback_;
   // declared last: destroyed first, while the windows still exist
   std::shared_ptr<std::unordered_map<std::type_index, std::shared_ptr<void>>> attachments_ =
       std::make_shared<std::unordered_map<std::type_index, std::shared_ptr<void>>>();
-  std::shared_ptr<ipc_windows> ipc_;
-  std::shared_ptr<loopback_memory> loopback_;
 };
 
 }  // namespace reccl

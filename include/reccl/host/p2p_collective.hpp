@@ -145,11 +145,15 @@ gpu_call_result run_collective(p2p_communicator& comm, T const* send, T* recv, s
                        reinterpret_cast<std::uintptr_t>(send) < reinterpret_cast<std::uintptr_t>(recv + out_len) &&
                        reinterpret_cast<std::uintptr_t>(recv) < reinterpret_cast<std::uintptr_t>(send + in_len);
   std::uint64_t const need = ((internal_work ? work_len : 0) + scratch_len + (overlap ? in_len : 0)) * sizeof(T) + 3 * 256;
-  detail::plan_staging& st = plan_staging_of(comm, stream);
-  if (need > st.bytes) {
+  detail::plan_staging& st = comm.attachment<detail::plan_staging>();
+  if (need > st.bytes || st.stalls == nullptr) {
+    // Checked before any allocation: cudaMalloc during a capture invalidates it with CUDA's own error.
     if (detail::capturing(stream))
       reject(device::fault_cause::bad_argument, "the composed collectives' staging must grow (" + std::to_string(need) +
                                                     " bytes), which cannot happen during graph capture: run the call once before capturing");
+    plan_staging_of(comm, stream);
+  }
+  if (need > st.bytes) {
     void* grown = nullptr;
     RECCL_CUDA_CHECK(cudaMalloc(&grown, need));
     if (st.mem) st.retired.push_back(st.mem);  // earlier calls on the stream may still use it

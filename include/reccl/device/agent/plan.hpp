@@ -215,13 +215,11 @@ __global__ void __launch_bounds__(plan_threads, 1) plan_kernel(plan_args<T, S> c
   elem_range const r = cta_range(a.sp, a.parts, cta, 1);
   schedule::block const blk{r.lo, r.hi};
   std::uint64_t const count = a.buf.count;
-  __shared__ int failed, gave_up;  // failed: anyone, read after __syncthreads; gave_up: see stream_receiver
-  if (tid == 0) {
-    failed = h.faulted() ? 1 : 0;
-    gave_up = 0;
-  }
-  __syncthreads();
-  if (failed || blk.size() == 0) return;
+  __shared__ int gave_up;  // see stream_receiver
+  if (tid == 0) gave_up = 0;
+  // A rank that already failed (e.g. a peer's host-side check raised a fault) runs nothing. Every
+  // thread takes the same verdict: a shared word written later in the loop could be read here late.
+  if (__syncthreads_or(tid == 0 && h.faulted()) || blk.size() == 0) return;
   bool good = true;  // the apply group's verdict
   deadline_clock clock(h.timeout_ns);
   std::uint64_t spins = 0;
@@ -244,10 +242,7 @@ __global__ void __launch_bounds__(plan_threads, 1) plan_kernel(plan_args<T, S> c
           schedule::for_each_piece(a.schedule, o.buf, o.chunk, blk, count,
                                    [&](std::uint64_t off, std::uint64_t len) { tx.piece(base + off, len); });
           tx.finish();
-          if (!tx.ok) {
-            good = false;  // warp-uniform
-            failed = 1;
-          }
+          if (!tx.ok) good = false;  // warp-uniform
         });
       }
     } else {
@@ -266,7 +261,6 @@ __global__ void __launch_bounds__(plan_threads, 1) plan_kernel(plan_args<T, S> c
             detail::apply_sync();  // every thread has its copy of recv_seq[o.peer]: update it
             if (t == 0) recv_seq[o.peer] = rx.seq;
             detail::apply_sync();
-            if (!good && t == 0) failed = 1;
             break;
           }
           case schedule::action::local_copy:
@@ -296,8 +290,8 @@ __global__ void __launch_bounds__(plan_threads, 1) plan_kernel(plan_args<T, S> c
         }
       });
     }
-    __syncthreads();
-    if (failed) break;
+    // The step's verdict, the same in every thread: a sender warp or the apply group failed.
+    if (__syncthreads_or(good ? 0 : 1)) break;
   }
   // counters carry over to the next call; after a fault the rank is failed (sticky) anyway
   if (sent && lane == 0) *sent = sent_seq;

@@ -210,18 +210,18 @@ struct memory_handle {
 
   /// Barrier of CTA-group `f` over every rank: thread t < size() signals rank t and waits for it.
   /// Call from every thread of the CTA, with the same growing `epoch` on every rank (e.g. from
-  /// sequence(f)). False (fault recorded) on timeout or an earlier fault.
+  /// sequence(f)). False (fault recorded) on timeout or an earlier fault; the same in every thread
+  /// of the CTA, so the caller may leave a loop on it.
   RECCL_DEVICE bool barrier(flag_id f, std::uint64_t epoch, deadline_clock& clock) const {
-    __shared__ int failed;
-    if (threadIdx.x == 0) failed = 0;
-    __syncthreads();
+    __syncthreads();  // the CTA's earlier stores precede the signals
     int const t = static_cast<int>(threadIdx.x);
+    bool ok = true;
     if (t < size() && t != my_rank) {
       signal(t, f, epoch);
-      if (!wait(f, t, epoch, clock)) failed = 1;
+      ok = wait(f, t, epoch, clock);
     }
-    __syncthreads();
-    return failed == 0 && !faulted();
+    if (t == 0) ok = ok && !faulted();
+    return __syncthreads_and(ok ? 1 : 0) != 0;
   }
 
   // ---- Lamport slots ------------------------------------------------------------------------
