@@ -96,8 +96,8 @@ struct device_restore {
   device_restore() {
     if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
   }
-  ~device_restore() {
-    if (dev >= 0) cudaSetDevice(dev);
+  ~device_restore() {  // cannot throw: a failure is reported on stderr
+    if (dev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(dev));
   }
   device_restore(device_restore const&) = delete;
   device_restore& operator=(device_restore const&) = delete;
@@ -162,7 +162,7 @@ settings const& config() {
   static settings const s = [] {
     settings x = settings::read();
     int v = 0;
-    RECCL_REAL(ncclGetVersion)(&v);
+    if (RECCL_REAL(ncclGetVersion)(&v) != ncclSuccess) v = 0;  // only printed: "NCCL 0" says it is unknown
     std::string line;
     if (!x.enabled) {
       line = "reccl: RECCL_NCCL=0: every NCCL call goes to NCCL " + std::to_string(v);
@@ -208,13 +208,13 @@ struct served_comm {
   explicit served_comm(nvlink_communicator&& c) : comm(std::move(c)) {}
   served_comm(served_comm const&) = delete;
   served_comm& operator=(served_comm const&) = delete;
-  ~served_comm() {
+  ~served_comm() {  // cannot throw: failures are reported on stderr
     texcp_lane.reset();
     proportional_lane.reset();
-    cudaSetDevice(comm.device());
-    if (order != nullptr) cudaEventDestroy(order);
-    if (poll != nullptr) cudaStreamDestroy(poll);
-    if (status_h != nullptr) cudaFreeHost(status_h);
+    RECCL_CUDA_REPORT(cudaSetDevice(comm.device()));
+    if (order != nullptr) RECCL_CUDA_REPORT(cudaEventDestroy(order));
+    if (poll != nullptr) RECCL_CUDA_REPORT(cudaStreamDestroy(poll));
+    if (status_h != nullptr) RECCL_CUDA_REPORT(cudaFreeHost(status_h));
     // comm (declared first) is destroyed last: synchronise, device communicator, windows
   }
   bool adaptive() const { return texcp_lane != nullptr || proportional_lane != nullptr; }
@@ -237,7 +237,7 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
     int dev = 0;
     bool fine = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess;
     if (cudaMalloc(&flag[i], sizeof(int)) != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // handled here (fallback below): clear it for later checks
       fine = false;
       flag[i] = nullptr;
       void* h = nullptr;
@@ -247,7 +247,7 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
       }
     }
     if (cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking) != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // handled here (fallback below): clear it for later checks
       fine = false;
       st[i] = nullptr;  // the legacy default stream
     }
@@ -260,11 +260,13 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
     if (pinned[i]) *flag[i] = mine;
     else if (cudaMemcpy(flag[i], &mine, sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess) {
       agreed = false;  // still joins, with a zeroed flag if the GPU takes even that
+      // Unchecked on purpose: if even this fails the GPU is unusable (a sticky error), and the
+      // all-reduce below fails on this rank too; there is nothing better to send.
       (void)cudaMemset(flag[i], 0, sizeof(int));
     }
   }
   if (joinable) {
-    RECCL_REAL(ncclGroupStart)();
+    agreed = RECCL_REAL(ncclGroupStart)() == ncclSuccess && agreed;  // joins even so: its peers wait for it
     for (std::size_t i = 0; i < cs.size(); ++i)
       agreed = RECCL_REAL(ncclAllReduce)(flag[i], flag[i], 1, ncclInt32, ncclMin, cs[i], st[i]) == ncclSuccess && agreed;
     agreed = RECCL_REAL(ncclGroupEnd)() == ncclSuccess && agreed;
@@ -274,15 +276,16 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
   for (std::size_t i = 0; i < cs.size(); ++i) {
     int all = 0;
     int dev = 0;
-    if (RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess) cudaSetDevice(dev);
+    agreed = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess && agreed;
     if (joinable) {
       bool const done = cudaStreamSynchronize(st[i]) == cudaSuccess;
       if (pinned[i]) all = *flag[i];
       else if (!done || cudaMemcpy(&all, flag[i], sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) all = 0;
       agreed = agreed && done && all == 1;
     }
-    if (st[i] != nullptr) cudaStreamDestroy(st[i]);
-    if (flag[i] != nullptr) pinned[i] ? (void)cudaFreeHost(flag[i]) : (void)cudaFree(flag[i]);
+    // cleanup: a failure is reported on stderr; the verdict is already made
+    if (st[i] != nullptr) RECCL_CUDA_REPORT(cudaStreamDestroy(st[i]));
+    if (flag[i] != nullptr) RECCL_CUDA_REPORT(pinned[i] ? cudaFreeHost(flag[i]) : cudaFree(flag[i]));
   }
   return agreed;
 }
@@ -397,16 +400,20 @@ struct nccl_backend {
     // the caller may be a watchdog thread while another thread captures a graph in global mode:
     // the poll's copy and synchronisation must not invalidate that capture
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (cudaError_t const e = cudaThreadExchangeStreamCaptureMode(&mode); e != cudaSuccess)
+      return poll_failed(e, "cudaThreadExchangeStreamCaptureMode");
     struct restore_mode {
       cudaStreamCaptureMode m;
-      ~restore_mode() { cudaThreadExchangeStreamCaptureMode(&m); }
+      ~restore_mode() { RECCL_CUDA_REPORT(cudaThreadExchangeStreamCaptureMode(&m)); }
     } restore{mode};
     int const lanes = s.comm.config().lanes;
-    if (cudaSetDevice(s.comm.device()) != cudaSuccess) return ncclUnhandledCudaError;
+    if (cudaError_t const e = cudaSetDevice(s.comm.device()); e != cudaSuccess) return poll_failed(e, "cudaSetDevice");
     for (int l = 0; l < lanes; ++l)
-      cudaMemcpyAsync(s.status_h + l, s.comm.lane_view(l).status(), sizeof(std::uint32_t), cudaMemcpyDeviceToHost, s.poll);
-    if (cudaStreamSynchronize(s.poll) != cudaSuccess) return ncclUnhandledCudaError;
+      if (cudaError_t const e = cudaMemcpyAsync(s.status_h + l, s.comm.lane_view(l).status(), sizeof(std::uint32_t),
+                                                cudaMemcpyDeviceToHost, s.poll);
+          e != cudaSuccess)
+        return poll_failed(e, "cudaMemcpyAsync (status word)");
+    if (cudaError_t const e = cudaStreamSynchronize(s.poll); e != cudaSuccess) return poll_failed(e, "cudaStreamSynchronize");
     for (int l = 0; l < lanes; ++l) {
       auto const st = static_cast<status>(s.status_h[l]);
       if (st == status::ok || st == status::recovered) continue;
@@ -423,12 +430,23 @@ struct nccl_backend {
   }
 
  private:
+  /// The status-word poll could not run: say why; the caller gets ncclUnhandledCudaError (and
+  /// polls again on its next call: a failed poll is not a device-side failure of the lanes).
+  ncclResult_t poll_failed(cudaError_t e, char const* what) {
+    fail(std::string("reccl: polling the lanes' status: ") + what + ": " + cudaGetErrorString(e));
+    (void)cudaGetLastError();  // reported above: clear it for later, unrelated checks
+    return ncclUnhandledCudaError;
+  }
+
   /// NCCL runs one communicator's calls in issue order whatever their streams; reccl's lanes
-  /// need that too. Streams under capture are left alone (their order is the graph's).
+  /// need that too. Streams under capture are left alone (their order is the graph's). A stream
+  /// whose capture status cannot be read fails the call (reccl::error) rather than running
+  /// unordered.
   static void order_after_last(served_comm& s, cudaStream_t stream) {
     if (!s.has_last || s.last == stream) return;
     cudaStreamCaptureStatus a = cudaStreamCaptureStatusNone, b = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s.last, &a) != cudaSuccess || cudaStreamIsCapturing(stream, &b) != cudaSuccess) return;
+    RECCL_CUDA_CHECK(cudaStreamIsCapturing(s.last, &a));
+    RECCL_CUDA_CHECK(cudaStreamIsCapturing(stream, &b));
     if (a != cudaStreamCaptureStatusNone || b != cudaStreamCaptureStatusNone) return;
     RECCL_CUDA_CHECK(cudaEventRecord(s.order, s.last));
     RECCL_CUDA_CHECK(cudaStreamWaitEvent(stream, s.order, 0));
