@@ -19,6 +19,10 @@
 //                                16 MiB) run on an adaptive lane whose split follows the telemetry
 //   RECCL_NCCL_TIMEOUT_MS=n      deadline of every device-side wait (default 10000)
 //   RECCL_NCCL_QUIET=1           no informational log lines (errors are still printed)
+//   RECCL_NCCL_SERVED_AT_EXIT=1  at exit, print the calls reccl served, per collective, as one line
+//                                "reccl: served at exit: all_reduce=N reduce_scatter=N all_gather=N
+//                                broadcast=N all_to_all=N total=N" (for tools that run a program
+//                                under the shim and must know that reccl, not NCCL, ran its calls)
 //
 // Memory and lifetime: reccl's state of a communicator (scratch window, device communicator, and
 // for an adaptive allocator a second lane) is built at its first served collective, on every rank
@@ -110,6 +114,7 @@ enum class allocator_choice { equal, proportional, texcp };
 struct settings {
   bool enabled = true;
   bool quiet = false;
+  bool served_at_exit = false;
   bool serve[5] = {true, true, true, true, true};  // by reccl::collective
   allocator_choice alloc = allocator_choice::equal;
   std::uint64_t adaptive_min_bytes = 16ull << 20;
@@ -125,6 +130,7 @@ struct settings {
     std::string const on = env("RECCL_NCCL");
     s.enabled = !(on == "0" || on == "off" || on == "false");
     s.quiet = env("RECCL_NCCL_QUIET") == "1";
+    s.served_at_exit = env("RECCL_NCCL_SERVED_AT_EXIT") == "1";
     if (std::string const colls = env("RECCL_NCCL_COLLS"); !colls.empty()) {
       for (bool& b : s.serve) b = false;
       std::size_t pos = 0;
@@ -157,6 +163,17 @@ struct settings {
 };
 
 std::atomic<std::uint64_t> total_served{0};
+std::atomic<std::uint64_t> served_by_kind[5]{};  // by reccl::collective
+
+/// RECCL_NCCL_SERVED_AT_EXIT's line (an atexit handler: counters only, no CUDA or NCCL call).
+void print_served() {
+  std::string line = "reccl: served at exit:";
+  for (int c = 0; c < 5; ++c)
+    line += " " + std::string(reccl::name(static_cast<collective>(c))) + "=" +
+            std::to_string(served_by_kind[c].load(std::memory_order_relaxed));
+  line += " total=" + std::to_string(total_served.load(std::memory_order_relaxed));
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 settings const& config() {
   static settings const s = [] {
@@ -180,6 +197,8 @@ settings const& config() {
     }
     if (!x.problems.empty()) line += "; warning:" + x.problems;
     if (!x.quiet || !x.problems.empty()) std::fprintf(stderr, "%s\n", line.c_str());
+    if (x.served_at_exit && std::atexit(print_served) != 0)
+      std::fprintf(stderr, "reccl: warning: RECCL_NCCL_SERVED_AT_EXIT=1, but the exit handler could not be registered\n");
     return x;
   }();
   return s;
@@ -372,6 +391,7 @@ struct nccl_backend {
       s.has_last = true;
       ++s.served;
       total_served.fetch_add(1, std::memory_order_relaxed);
+      served_by_kind[static_cast<int>(r.coll)].fetch_add(1, std::memory_order_relaxed);
       return ncclSuccess;
     } catch (reccl::error const& e) {
       fail(std::string("reccl: ") + std::string(reccl::name(r.coll)) + ": " + e.what());
