@@ -9,7 +9,13 @@ check: every collective (all_reduce, reduce_scatter, all_gather, broadcast, allt
 perf:  float (sum) 8 B to 1 GiB (-f 2), more iterations, for the busbw comparison.
 Writes DIR/nccl_tests.json (every row of every run) and DIR/nccl_tests.md; prints a short table.
 A run fails when a row has #wrong > 0, the footer reports out-of-bounds values, or the binary exits
-non-zero; the script then exits 1.
+non-zero; a run under the shim also fails unless reccl served some of its calls (the shim prints
+its served-call counts at exit under RECCL_NCCL_SERVED_AT_EXIT=1, which the script sets): a shim
+that forwarded everything to NCCL would otherwise pass. RECCL_NCCL=0 or RECCL_NCCL_COLLS in the
+environment narrow what is expected to be served, as they narrow what the shim serves. Any failed
+run makes the script exit 1.
+
+Its logic is tested without a GPU by bench/shim/nccl_tests_test.py.
 """
 import argparse
 import datetime
@@ -22,6 +28,10 @@ COLLS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "alltoall"]
 REDUCTIONS = {"all_reduce", "reduce_scatter"}
 DTYPES = ["float", "half", "bfloat16", "int32"]
 OPS = ["sum", "max", "min"]
+# nccl-tests' names -> the shim's (reccl::name(collective))
+SHIM_NAMES = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather",
+              "broadcast": "broadcast", "alltoall": "all_to_all"}
+SERVED_LINE = "reccl: served at exit:"
 
 
 def parse(text):
@@ -51,6 +61,52 @@ def parse(text):
     return rows, oob, avg
 
 
+def parse_served(stderr):
+    """The shim's RECCL_NCCL_SERVED_AT_EXIT line as {collective: calls}, or None if there is none."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(SERVED_LINE):
+            served = {}
+            for t in line[len(SERVED_LINE):].split():
+                k, _, v = t.partition("=")
+                served[k] = int(v)
+            return served
+    return None
+
+
+def expected_served(env):
+    """The shim's collectives (its names) that a run under it must serve, given its environment."""
+    if env.get("RECCL_NCCL", "") == "0":
+        return set()
+    colls = env.get("RECCL_NCCL_COLLS", "")
+    if not colls:
+        return set(SHIM_NAMES.values())
+    return {c.strip() for c in colls.split(",")} & set(SHIM_NAMES.values())
+
+
+def judge(coll, mode, rc, stdout, stderr, env):
+    """The verdict on one nccl-tests run: its rows, counts and the reasons it failed (none: ok)."""
+    rows, oob, avg = parse(stdout)
+    wrong = sum(int(r[k]["wrong"] or 0) for r in rows for k in ("oop", "ip")
+                if not (coll == "alltoall" and k == "ip"))  # nccl-tests does not check in-place all-to-all
+    problems = []
+    if rc != 0:
+        problems.append(f"exit status {rc}")
+    if not rows:
+        problems.append("no result rows")
+    if wrong:
+        problems.append(f"{wrong} wrong elements")
+    if oob:
+        problems.append(f"{oob} out-of-bounds values")
+    served = parse_served(stderr) if mode == "reccl" else None
+    if mode == "reccl" and SHIM_NAMES[coll] in expected_served(env):
+        if served is None:
+            problems.append(f"no '{SERVED_LINE}' line: the shim was not loaded or the program did not exit normally")
+        elif served.get(SHIM_NAMES[coll], 0) == 0:
+            problems.append(f"reccl served no {SHIM_NAMES[coll]} call: NCCL ran them all")
+    return {"rows": rows, "out_of_bounds": oob, "avg_busbw": avg, "wrong": wrong, "served": served,
+            "problems": problems, "ok": not problems}
+
+
 def run(args, coll, dtype, op, mode, flags):
     exe = os.path.join(args.bin, f"{coll}_perf")
     cmd = [exe, "-g", str(args.ngpus), "-d", dtype, "-o", op] + flags
@@ -58,17 +114,20 @@ def run(args, coll, dtype, op, mode, flags):
     env["NCCL_NVLS_ENABLE"] = "0"
     if mode == "reccl":
         env["LD_PRELOAD"] = os.path.abspath(args.shim)
+        env["RECCL_NCCL_SERVED_AT_EXIT"] = "1"
     else:
         env.pop("LD_PRELOAD", None)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    rows, oob, avg = parse(p.stdout)
-    wrong = sum(int(r[k]["wrong"] or 0) for r in rows for k in ("oop", "ip")
-                if not (coll == "alltoall" and k == "ip"))  # nccl-tests does not check in-place all-to-all
-    ok = p.returncode == 0 and rows and wrong == 0 and (oob or 0) == 0
-    served = [l for l in p.stderr.splitlines() if l.startswith("reccl:")]
+    v = judge(coll, mode, p.returncode, p.stdout, p.stderr, env)
+    log = [l for l in p.stderr.splitlines() if l.startswith("reccl:")]
     return {"coll": coll, "dtype": dtype, "op": op, "mode": mode, "cmd": " ".join(cmd), "rc": p.returncode,
-            "ok": bool(ok), "wrong": wrong, "out_of_bounds": oob, "avg_busbw": avg, "rows": rows,
-            "reccl_log": served[:20], "stderr_tail": p.stderr[-2000:] if not ok else ""}
+            "ok": v["ok"], "problems": v["problems"], "wrong": v["wrong"], "out_of_bounds": v["out_of_bounds"],
+            "avg_busbw": v["avg_busbw"], "served": v["served"], "rows": v["rows"],
+            "reccl_log": log[:20], "stderr_tail": p.stderr[-2000:] if not v["ok"] else ""}
+
+
+def served_text(r):
+    return "" if r["served"] is None else f" served={r['served'].get(SHIM_NAMES[r['coll']], 0)}"
 
 
 def main():
@@ -96,14 +155,15 @@ def main():
                         r["part"] = "check"
                         runs.append(r)
                         print(f"check {coll:15s} {dtype:9s} {op:4s} {mode:6s} {'ok' if r['ok'] else 'FAILED'}"
-                              f" rows={len(r['rows'])} wrong={r['wrong']}", flush=True)
+                              f" rows={len(r['rows'])} wrong={r['wrong']}{served_text(r)}", flush=True)
     if args.part in ("perf", "all"):
         for coll in COLLS:
             for mode in ("nccl", "reccl"):
                 r = run(args, coll, "float", "sum", mode, ["-b", "8", "-e", args.max, "-f", "2", "-c", "1", "-w", "5", "-n", "20"])
                 r["part"] = "perf"
                 runs.append(r)
-                print(f"perf  {coll:15s} {mode:6s} {'ok' if r['ok'] else 'FAILED'} avg busbw {r['avg_busbw']}", flush=True)
+                print(f"perf  {coll:15s} {mode:6s} {'ok' if r['ok'] else 'FAILED'} avg busbw {r['avg_busbw']}"
+                      f"{served_text(r)}", flush=True)
 
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "ngpus": args.ngpus,
             "commit": os.environ.get("RECCL_COMMIT", "unknown"), "nccl_tests_bin": args.bin, "shim": args.shim,
@@ -144,7 +204,7 @@ def main():
     failed = [r for r in runs if not r["ok"]]
     print(f"\nnccl-tests: {len(runs)} runs, {len(failed)} failed")
     for r in failed:
-        print(f"  FAILED {r['part']} {r['coll']} {r['dtype']} {r['op']} {r['mode']} rc={r['rc']} wrong={r['wrong']}")
+        print(f"  FAILED {r['part']} {r['coll']} {r['dtype']} {r['op']} {r['mode']}: {'; '.join(r['problems'])}")
         print("   ", r["stderr_tail"][-400:].replace("\n", "\n    "))
     sys.exit(1 if failed else 0)
 

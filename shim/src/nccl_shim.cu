@@ -19,6 +19,10 @@
 //                                16 MiB) run on an adaptive lane whose split follows the telemetry
 //   RECCL_NCCL_TIMEOUT_MS=n      deadline of every device-side wait (default 10000)
 //   RECCL_NCCL_QUIET=1           no informational log lines (errors are still printed)
+//   RECCL_NCCL_SERVED_AT_EXIT=1  at exit, print the calls reccl served, per collective, as one line
+//                                "reccl: served at exit: all_reduce=N reduce_scatter=N all_gather=N
+//                                broadcast=N all_to_all=N total=N" (for tools that run a program
+//                                under the shim and must know that reccl, not NCCL, ran its calls)
 //
 // Memory and lifetime: reccl's state of a communicator (scratch window, device communicator, and
 // for an adaptive allocator a second lane) is built at its first served collective, on every rank
@@ -96,8 +100,8 @@ struct device_restore {
   device_restore() {
     if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
   }
-  ~device_restore() {
-    if (dev >= 0) cudaSetDevice(dev);
+  ~device_restore() {  // cannot throw: a failure is reported on stderr
+    if (dev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(dev));
   }
   device_restore(device_restore const&) = delete;
   device_restore& operator=(device_restore const&) = delete;
@@ -110,6 +114,7 @@ enum class allocator_choice { equal, proportional, texcp };
 struct settings {
   bool enabled = true;
   bool quiet = false;
+  bool served_at_exit = false;
   bool serve[5] = {true, true, true, true, true};  // by reccl::collective
   allocator_choice alloc = allocator_choice::equal;
   std::uint64_t adaptive_min_bytes = 16ull << 20;
@@ -125,6 +130,7 @@ struct settings {
     std::string const on = env("RECCL_NCCL");
     s.enabled = !(on == "0" || on == "off" || on == "false");
     s.quiet = env("RECCL_NCCL_QUIET") == "1";
+    s.served_at_exit = env("RECCL_NCCL_SERVED_AT_EXIT") == "1";
     if (std::string const colls = env("RECCL_NCCL_COLLS"); !colls.empty()) {
       for (bool& b : s.serve) b = false;
       std::size_t pos = 0;
@@ -157,12 +163,23 @@ struct settings {
 };
 
 std::atomic<std::uint64_t> total_served{0};
+std::atomic<std::uint64_t> served_by_kind[5]{};  // by reccl::collective
+
+/// RECCL_NCCL_SERVED_AT_EXIT's line (an atexit handler: counters only, no CUDA or NCCL call).
+void print_served() {
+  std::string line = "reccl: served at exit:";
+  for (int c = 0; c < 5; ++c)
+    line += " " + std::string(reccl::name(static_cast<collective>(c))) + "=" +
+            std::to_string(served_by_kind[c].load(std::memory_order_relaxed));
+  line += " total=" + std::to_string(total_served.load(std::memory_order_relaxed));
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 settings const& config() {
   static settings const s = [] {
     settings x = settings::read();
     int v = 0;
-    RECCL_REAL(ncclGetVersion)(&v);
+    if (RECCL_REAL(ncclGetVersion)(&v) != ncclSuccess) v = 0;  // only printed: "NCCL 0" says it is unknown
     std::string line;
     if (!x.enabled) {
       line = "reccl: RECCL_NCCL=0: every NCCL call goes to NCCL " + std::to_string(v);
@@ -180,6 +197,8 @@ settings const& config() {
     }
     if (!x.problems.empty()) line += "; warning:" + x.problems;
     if (!x.quiet || !x.problems.empty()) std::fprintf(stderr, "%s\n", line.c_str());
+    if (x.served_at_exit && std::atexit(print_served) != 0)
+      std::fprintf(stderr, "reccl: warning: RECCL_NCCL_SERVED_AT_EXIT=1, but the exit handler could not be registered\n");
     return x;
   }();
   return s;
@@ -208,13 +227,13 @@ struct served_comm {
   explicit served_comm(nvlink_communicator&& c) : comm(std::move(c)) {}
   served_comm(served_comm const&) = delete;
   served_comm& operator=(served_comm const&) = delete;
-  ~served_comm() {
+  ~served_comm() {  // cannot throw: failures are reported on stderr
     texcp_lane.reset();
     proportional_lane.reset();
-    cudaSetDevice(comm.device());
-    if (order != nullptr) cudaEventDestroy(order);
-    if (poll != nullptr) cudaStreamDestroy(poll);
-    if (status_h != nullptr) cudaFreeHost(status_h);
+    RECCL_CUDA_REPORT(cudaSetDevice(comm.device()));
+    if (order != nullptr) RECCL_CUDA_REPORT(cudaEventDestroy(order));
+    if (poll != nullptr) RECCL_CUDA_REPORT(cudaStreamDestroy(poll));
+    if (status_h != nullptr) RECCL_CUDA_REPORT(cudaFreeHost(status_h));
     // comm (declared first) is destroyed last: synchronise, device communicator, windows
   }
   bool adaptive() const { return texcp_lane != nullptr || proportional_lane != nullptr; }
@@ -237,7 +256,7 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
     int dev = 0;
     bool fine = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess;
     if (cudaMalloc(&flag[i], sizeof(int)) != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // handled here (fallback below): clear it for later checks
       fine = false;
       flag[i] = nullptr;
       void* h = nullptr;
@@ -247,7 +266,7 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
       }
     }
     if (cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking) != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // handled here (fallback below): clear it for later checks
       fine = false;
       st[i] = nullptr;  // the legacy default stream
     }
@@ -260,11 +279,13 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
     if (pinned[i]) *flag[i] = mine;
     else if (cudaMemcpy(flag[i], &mine, sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess) {
       agreed = false;  // still joins, with a zeroed flag if the GPU takes even that
+      // Unchecked on purpose: if even this fails the GPU is unusable (a sticky error), and the
+      // all-reduce below fails on this rank too; there is nothing better to send.
       (void)cudaMemset(flag[i], 0, sizeof(int));
     }
   }
   if (joinable) {
-    RECCL_REAL(ncclGroupStart)();
+    agreed = RECCL_REAL(ncclGroupStart)() == ncclSuccess && agreed;  // joins even so: its peers wait for it
     for (std::size_t i = 0; i < cs.size(); ++i)
       agreed = RECCL_REAL(ncclAllReduce)(flag[i], flag[i], 1, ncclInt32, ncclMin, cs[i], st[i]) == ncclSuccess && agreed;
     agreed = RECCL_REAL(ncclGroupEnd)() == ncclSuccess && agreed;
@@ -274,15 +295,16 @@ bool all_ranks_agree(std::vector<ncclComm_t> const& cs, bool ok) {
   for (std::size_t i = 0; i < cs.size(); ++i) {
     int all = 0;
     int dev = 0;
-    if (RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess) cudaSetDevice(dev);
+    agreed = RECCL_REAL(ncclCommCuDevice)(cs[i], &dev) == ncclSuccess && cudaSetDevice(dev) == cudaSuccess && agreed;
     if (joinable) {
       bool const done = cudaStreamSynchronize(st[i]) == cudaSuccess;
       if (pinned[i]) all = *flag[i];
       else if (!done || cudaMemcpy(&all, flag[i], sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) all = 0;
       agreed = agreed && done && all == 1;
     }
-    if (st[i] != nullptr) cudaStreamDestroy(st[i]);
-    if (flag[i] != nullptr) pinned[i] ? (void)cudaFreeHost(flag[i]) : (void)cudaFree(flag[i]);
+    // cleanup: a failure is reported on stderr; the verdict is already made
+    if (st[i] != nullptr) RECCL_CUDA_REPORT(cudaStreamDestroy(st[i]));
+    if (flag[i] != nullptr) RECCL_CUDA_REPORT(pinned[i] ? cudaFreeHost(flag[i]) : cudaFree(flag[i]));
   }
   return agreed;
 }
@@ -369,6 +391,7 @@ struct nccl_backend {
       s.has_last = true;
       ++s.served;
       total_served.fetch_add(1, std::memory_order_relaxed);
+      served_by_kind[static_cast<int>(r.coll)].fetch_add(1, std::memory_order_relaxed);
       return ncclSuccess;
     } catch (reccl::error const& e) {
       fail(std::string("reccl: ") + std::string(reccl::name(r.coll)) + ": " + e.what());
@@ -397,16 +420,20 @@ struct nccl_backend {
     // the caller may be a watchdog thread while another thread captures a graph in global mode:
     // the poll's copy and synchronisation must not invalidate that capture
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (cudaError_t const e = cudaThreadExchangeStreamCaptureMode(&mode); e != cudaSuccess)
+      return poll_failed(e, "cudaThreadExchangeStreamCaptureMode");
     struct restore_mode {
       cudaStreamCaptureMode m;
-      ~restore_mode() { cudaThreadExchangeStreamCaptureMode(&m); }
+      ~restore_mode() { RECCL_CUDA_REPORT(cudaThreadExchangeStreamCaptureMode(&m)); }
     } restore{mode};
     int const lanes = s.comm.config().lanes;
-    if (cudaSetDevice(s.comm.device()) != cudaSuccess) return ncclUnhandledCudaError;
+    if (cudaError_t const e = cudaSetDevice(s.comm.device()); e != cudaSuccess) return poll_failed(e, "cudaSetDevice");
     for (int l = 0; l < lanes; ++l)
-      cudaMemcpyAsync(s.status_h + l, s.comm.lane_view(l).status(), sizeof(std::uint32_t), cudaMemcpyDeviceToHost, s.poll);
-    if (cudaStreamSynchronize(s.poll) != cudaSuccess) return ncclUnhandledCudaError;
+      if (cudaError_t const e = cudaMemcpyAsync(s.status_h + l, s.comm.lane_view(l).status(), sizeof(std::uint32_t),
+                                                cudaMemcpyDeviceToHost, s.poll);
+          e != cudaSuccess)
+        return poll_failed(e, "cudaMemcpyAsync (status word)");
+    if (cudaError_t const e = cudaStreamSynchronize(s.poll); e != cudaSuccess) return poll_failed(e, "cudaStreamSynchronize");
     for (int l = 0; l < lanes; ++l) {
       auto const st = static_cast<status>(s.status_h[l]);
       if (st == status::ok || st == status::recovered) continue;
@@ -423,12 +450,23 @@ struct nccl_backend {
   }
 
  private:
+  /// The status-word poll could not run: say why; the caller gets ncclUnhandledCudaError (and
+  /// polls again on its next call: a failed poll is not a device-side failure of the lanes).
+  ncclResult_t poll_failed(cudaError_t e, char const* what) {
+    fail(std::string("reccl: polling the lanes' status: ") + what + ": " + cudaGetErrorString(e));
+    (void)cudaGetLastError();  // reported above: clear it for later, unrelated checks
+    return ncclUnhandledCudaError;
+  }
+
   /// NCCL runs one communicator's calls in issue order whatever their streams; reccl's lanes
-  /// need that too. Streams under capture are left alone (their order is the graph's).
+  /// need that too. Streams under capture are left alone (their order is the graph's). A stream
+  /// whose capture status cannot be read fails the call (reccl::error) rather than running
+  /// unordered.
   static void order_after_last(served_comm& s, cudaStream_t stream) {
     if (!s.has_last || s.last == stream) return;
     cudaStreamCaptureStatus a = cudaStreamCaptureStatusNone, b = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s.last, &a) != cudaSuccess || cudaStreamIsCapturing(stream, &b) != cudaSuccess) return;
+    RECCL_CUDA_CHECK(cudaStreamIsCapturing(s.last, &a));
+    RECCL_CUDA_CHECK(cudaStreamIsCapturing(stream, &b));
     if (a != cudaStreamCaptureStatusNone || b != cudaStreamCaptureStatusNone) return;
     RECCL_CUDA_CHECK(cudaEventRecord(s.order, s.last));
     RECCL_CUDA_CHECK(cudaStreamWaitEvent(stream, s.order, 0));

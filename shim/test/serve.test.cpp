@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -22,6 +23,12 @@ namespace {
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 #define NCCL_OK(x) REQUIRE((x) == ncclSuccess)
+/// Teardown in destructors (the_world()'s runs after the last test case, where REQUIRE cannot
+/// report): a failed call is printed, and the process's exit status is left to the test cases.
+#define CUDA_TEARDOWN(x) \
+  ((x) == cudaSuccess ? void() : void(std::fprintf(stderr, "serve.test: teardown: %s failed\n", #x)))
+#define NCCL_TEARDOWN(x) \
+  ((x) == ncclSuccess ? void() : void(std::fprintf(stderr, "serve.test: teardown: %s failed\n", #x)))
 
 std::size_t type_size(ncclDataType_t t) {
   switch (t) {
@@ -72,10 +79,10 @@ struct world {
   }
   ~world() {
     for (int i = 0; i < n; ++i) {
-      cudaSetDevice(i);
-      cudaStreamSynchronize(streams[i]);
-      ncclCommDestroy(comms[i]);
-      cudaStreamDestroy(streams[i]);
+      CUDA_TEARDOWN(cudaSetDevice(i));
+      CUDA_TEARDOWN(cudaStreamSynchronize(streams[i]));
+      NCCL_TEARDOWN(ncclCommDestroy(comms[i]));
+      CUDA_TEARDOWN(cudaStreamDestroy(streams[i]));
     }
   }
   void sync() {
@@ -115,9 +122,9 @@ struct device_buffers {
   }
   ~device_buffers() {
     for (std::size_t i = 0; i < in.size(); ++i) {
-      cudaSetDevice(static_cast<int>(i));
-      cudaFree(in[i]);
-      cudaFree(out[i]);
+      CUDA_TEARDOWN(cudaSetDevice(static_cast<int>(i)));
+      CUDA_TEARDOWN(cudaFree(in[i]));
+      CUDA_TEARDOWN(cudaFree(out[i]));
     }
   }
 };
@@ -343,8 +350,8 @@ TEST_CASE("shim: a served all-reduce captured in a CUDA graph replays correctly"
     }
   }
   for (int r = 0; r < n; ++r) {
-    cudaGraphExecDestroy(ge[r]);
-    cudaGraphDestroy(g[r]);
+    CUDA_OK(cudaGraphExecDestroy(ge[r]));
+    CUDA_OK(cudaGraphDestroy(g[r]));
     CHECK(reccl_nccl_comm_state(w.comms[r]) == 1);
   }
 }

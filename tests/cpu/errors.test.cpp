@@ -4,8 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "support.hpp"
 
@@ -23,6 +25,14 @@ cpu::config small(int nranks, int n_vts) {
   c.n_vts = n_vts;
   c.arrival_timeout_ns = 200'000'000;
   c.wait_timeout_ns = 200'000'000;
+  return c;
+}
+
+/// Default deadlines (a 10 s arrival deadline): a peer that waited it out would fail the timing checks.
+cpu::config with_default_deadlines(int nranks, int n_vts) {
+  cpu::config c;
+  c.nranks = nranks;
+  c.n_vts = n_vts;
   return c;
 }
 
@@ -186,6 +196,106 @@ TEST_CASE("a rank that arrives after the others gave up fails fast instead of wa
   CHECK(errs[2].code() != status::ok);
   CHECK(contains(errs[2].what(), "never arrived"));
   CHECK(late_took == 0);  // it threw
+}
+
+/// Each rank's wall time in its call, in nanoseconds (filled by timed()).
+struct call_times {
+  std::vector<std::uint64_t> ns;
+  explicit call_times(int n) : ns(static_cast<std::size_t>(n), 0) {}
+  template <class F>
+  void timed(int r, F&& f) {
+    std::uint64_t const t0 = cpu::now_ns();
+    try {
+      f();
+    } catch (...) {
+      ns[r] = cpu::now_ns() - t0;
+      throw;
+    }
+    ns[r] = cpu::now_ns() - t0;
+  }
+};
+
+/// A correct all-reduce on every rank of `comm`: every output must be the sum.
+void check_usable(cpu::communicator& comm) {
+  int const n = comm.nranks();
+  std::vector<std::vector<float>> in(n, std::vector<float>(256)), out(n, std::vector<float>(256, -1.0f));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < 256; ++i) in[r][i] = static_cast<float>(r + 1);
+  comm.run_ranks([&](int r) { ar::run(comm, r, in[r].data(), out[r].data(), 256); });
+  float const sum = static_cast<float>(n * (n + 1) / 2);
+  for (int r = 0; r < n; ++r) CHECK(out[r] == std::vector<float>(256, sum));
+}
+
+TEST_CASE("a rank that passes a null buffer releases its peers at once: every rank's error names it and the cause") {
+  cpu::communicator comm(with_default_deadlines(4, 2));
+  REQUIRE(comm.cfg().arrival_timeout_ns >= 10'000'000'000);
+  std::vector<std::vector<float>> in(4, std::vector<float>(64, 1.0f)), out(4, std::vector<float>(64));
+  call_times t(4);
+  auto errs = errors_of(comm, [&](int r) {
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others are waiting by then
+    t.timed(r, [&] { ar::run(comm, r, r == 2 ? nullptr : in[r].data(), out[r].data(), 64); });
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(errs[r].code() == status::invalid_argument);
+    CHECK(errs[r].rank() == 2);
+    CHECK(errs[r].epoch() == 0);
+    CHECK(contains(errs[r].what(), "null"));
+    if (r != 2) CHECK(contains(errs[r].what(), "rank 2 gave up collective 0"));
+    CHECK(t.ns[r] < 500'000'000);
+  }
+  // No data moved and no rank's state advanced: the communicator stays usable, and the aborted
+  // call's record does not end the next call (still epoch 0, but the next call).
+  check_usable(comm);
+  CHECK(comm.epoch(0) == 1);
+}
+
+TEST_CASE("a root out of range on one rank releases the others at once with that rank's cause") {
+  cpu::communicator comm(with_default_deadlines(3, 2));
+  std::vector<std::vector<float>> in(3, std::vector<float>(64, 2.0f)), out(3, std::vector<float>(64));
+  call_times t(3);
+  auto errs = errors_of(comm, [&](int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    t.timed(r, [&] { bc::run(comm, r, in[r].data(), out[r].data(), 64, redop::sum, r == 1 ? 7 : 0); });
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(errs[r].code() == status::invalid_argument);
+    CHECK(errs[r].rank() == 1);
+    CHECK(contains(errs[r].what(), "root 7 outside [0, 3)"));
+    CHECK(t.ns[r] < 500'000'000);
+  }
+  check_usable(comm);
+}
+
+TEST_CASE("a rank that fails locally twice before its peers start: each call ends with its own cause, in order") {
+  cpu::communicator comm(with_default_deadlines(3, 1));
+  std::vector<std::vector<float>> in(3, std::vector<float>(64, 1.0f)), out(3, std::vector<float>(64));
+  std::vector<std::vector<reccl::error>> errs(3, std::vector<reccl::error>(2, reccl::error(status::ok, "none")));
+  call_times t(3);
+  comm.run_ranks([&](int r) {
+    if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 0 is two calls ahead by then
+    for (int k = 0; k < 2; ++k) {
+      try {
+        t.timed(r, [&] {
+          if (r == 0 && k == 0) ar::run(comm, r, nullptr, out[r].data(), 64);
+          else if (r == 0) ar::run(comm, r, in[r].data(), nullptr, 64);
+          else ar::run(comm, r, in[r].data(), out[r].data(), 64);
+        });
+      } catch (reccl::error const& e) {
+        errs[r][k] = e;
+      }
+      if (r != 0) CHECK(t.ns[r] < 500'000'000);
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(errs[r][0].rank() == 0);
+    CHECK(contains(errs[r][0].what(), "send buffer is null"));
+    CHECK(errs[r][1].rank() == 0);
+    CHECK(contains(errs[r][1].what(), "receive buffer is null"));
+  }
+  check_usable(comm);
 }
 
 TEST_CASE("reccl::error: what() names status, rank, VT and epoch") {

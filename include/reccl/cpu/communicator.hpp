@@ -4,7 +4,8 @@
 //   communicator (shared by the rank threads)
 //   ┌───────────────────────────────────────────────────────────────────────────────┐
 //   │ fabric            links[vt][src][dst], fault plan          (data plane)       │
-//   │ arrivals[vt][r]   "rank r reached collective e on VT vt with these arguments" │
+//   │ arrivals[vt][r]   "rank r reached call c on VT vt with these arguments"       │
+//   │ aborts            "rank r gave up call c before it arrived: cause"            │
 //   │ records[2][r]     what rank r says at the end of a collective (last sync step)│
 //   │ ranks[r]          rank r's control state (epoch, shares, probes, model),      │
 //   │                   its private buffers, its last report                       │
@@ -12,8 +13,15 @@
 //
 // Each rank's state is touched only by that rank's thread; the shared slots are single-writer
 // with acquire/release tags. A user calls a collective from N threads, one per rank (run_ranks()
-// does that for tests and examples). After any error other than a recovered fault the
-// communicator is failed: every later call throws (as after an NCCL abort, build a new one).
+// does that for tests and examples), every rank making the same sequence of calls.
+//
+// Errors. A rank whose call fails locally, before it arrived on any VT (bad arguments, internal
+// buffers it cannot allocate), publishes an abort record for that call (abort_call) and throws its
+// own error; every other rank's arrival wait for that call ends at once with an error naming that
+// rank and its cause. No data moved and no rank's state advanced, so the communicator stays usable:
+// the aborted call counts as one call of the sequence on every rank, and the next call runs
+// normally. After any other error (a rank lost, disagreeing arguments, a failure once data moves)
+// the communicator is failed: every later call throws (as after an NCCL abort, build a new one).
 #pragma once
 
 #include <algorithm>
@@ -23,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,7 +111,7 @@ struct call_args {
 };
 
 struct alignas(64) arrival_slot {
-  std::atomic<std::uint64_t> tag{0};  ///< epoch + 1 once args is written
+  std::atomic<std::uint64_t> tag{0};  ///< call number + 1 once args is written (see rank_state::calls)
   call_args args{};
 };
 
@@ -113,6 +122,14 @@ static_assert(sizeof(epoch_record) <= max_record_bytes);
 struct alignas(64) record_slot {
   std::atomic<std::uint64_t> tag{0};  ///< round + 1 once data is written
   alignas(16) std::byte data[max_record_bytes];
+};
+
+/// A call that one rank gave up before it arrived on any VT: the call number, the rank, and why.
+struct call_abort {
+  std::uint64_t call = 0;
+  int rank = -1;
+  status st = status::ok;
+  std::string what;
 };
 
 /// Waits with a short backoff (10 us doubling to `quantum`) until pred() or the deadline.
@@ -170,6 +187,10 @@ struct control_fields {
 struct rank_state {
   control_fields ctl{};
   std::uint64_t round = 0;            ///< record exchanges done (identical on every rank)
+  /// Collective calls started, aborted ones included (identical on every rank). Arrival slots and
+  /// abort records are keyed by it rather than by the epoch, which an aborted call leaves as it was:
+  /// so neither an earlier call's arrival nor its abort can be taken for the current call's.
+  std::uint64_t calls = 0;
   std::vector<std::byte> input_copy, work, scratch;  ///< internal buffers, grown as needed
   std::vector<std::byte> probe_input, probe_work, probe_scratch;
   epoch_report last{};                ///< report of the last collective
@@ -295,6 +316,36 @@ class communicator {
            std::string(name(failed_status_)) + ": " + failed_what_ + ")";
   }
 
+  /// Publishes that `rank` gave up call `call` locally, before arriving on any VT, with status `st`
+  /// and cause `what`. Every rank's arrival wait for that call then ends at once (call_aborted).
+  /// The first record of a call is kept; the latest max_call_aborts calls are remembered (a rank
+  /// further behind than that falls back to its arrival deadline).
+  void abort_call(int rank, std::uint64_t call, status st, std::string const& what) {
+    {
+      std::lock_guard const lock(abort_mutex_);
+      for (auto const& a : aborts_)
+        if (a.call == call) return;
+      if (aborts_.size() == max_call_aborts) aborts_.erase(aborts_.begin());
+      aborts_.push_back({call, rank, st, what});
+    }
+    // A hint for the polls: they take the lock only once some call at or after theirs aborted.
+    std::uint64_t seen = abort_hint_.load(std::memory_order_relaxed);
+    while (seen < call + 1 && !abort_hint_.compare_exchange_weak(seen, call + 1, std::memory_order_release)) {}
+  }
+  /// Whether some rank published an abort record for call `call` (see abort_call).
+  bool call_aborted(std::uint64_t call) const {
+    if (abort_hint_.load(std::memory_order_acquire) < call + 1) return false;
+    std::lock_guard const lock(abort_mutex_);
+    return std::ranges::any_of(aborts_, [&](detail::call_abort const& a) { return a.call == call; });
+  }
+  /// The abort record of call `call`; rank -1 if there is none.
+  detail::call_abort abort_record(std::uint64_t call) const {
+    std::lock_guard const lock(abort_mutex_);
+    for (auto const& a : aborts_)
+      if (a.call == call) return a;
+    return {};
+  }
+
   /// All-gathers one trivially copyable record per rank through the record slots: publishes
   /// `mine` for round `round`, then waits (until `deadline`) for every rank's record of that round.
   /// Returns -1 on success, else the lowest rank whose record did not come (also when the wait
@@ -325,6 +376,11 @@ class communicator {
   void wait_failed() const {  // the winner of mark_failed publishes right after its CAS
     while (failing_.load(std::memory_order_acquire) && !failed_.load(std::memory_order_acquire)) std::this_thread::yield();
   }
+
+  static constexpr std::size_t max_call_aborts = 64;
+  mutable std::mutex abort_mutex_;
+  std::vector<detail::call_abort> aborts_;      ///< guarded by abort_mutex_, oldest first
+  std::atomic<std::uint64_t> abort_hint_{0};    ///< 1 + the highest aborted call number
 
   std::atomic<bool> failing_{false}, failed_{false};
   int failed_rank_ = -1;

@@ -4,11 +4,13 @@
 //   rank r, collective e                                   (every rank runs the same sequence)
 //   ┌────────────────────────────────────────────────────────────────────────────────────────┐
 //   │ 1. check arguments locally (null buffers, root, op, schedule)         -> invalid_argument│
+//   │    any local failure (these, or internal buffers it cannot allocate) publishes an abort │
+//   │    record for the call: the other ranks' arrival waits end at once, naming this rank   │
 //   │ 2. split = control.split_for(count)   probes = control.probe_mask                       │
 //   │ 3. one worker thread per live VT and per probed VT:                                     │
 //   │      arrival on the VT: publish the call's arguments, wait for every rank's (deadline) │
 //   │        -> a rank that never arrives: timeout naming rank and VT; other arguments:      │
-//   │           mismatch naming the rank                                                      │
+//   │           mismatch naming the rank; a rank's abort record: its status, rank and cause  │
 //   │      live VT:   run the schedule on its block [offset(vt), +count[vt])                 │
 //   │      probed VT: run the schedule on a private dummy block (never touches the result);  │
 //   │                 aborted once the data is done (after a short grace): never holds it up │
@@ -19,6 +21,12 @@
 //   │ 6. control.step(records): dead VTs masked, probed VTs back, allocator -> split of e+1  │
 //   │ 7. reset the link state of every VT that failed or whose probe did not come back       │
 //   └────────────────────────────────────────────────────────────────────────────────────────┘
+//
+// Waits and aborts. Every wait has a deadline and an abort condition. The arrival wait also ends
+// on the call's abort record; no later wait needs it, since a rank that aborts a call never
+// arrives on any VT, so no rank gets past arrival in that call. A rank that fails later (after
+// arrival) marks the communicator failed, which ends every other wait: the executor's progress
+// loop and the transport's waits, the record exchanges, and the arrival waits of later calls.
 //
 // Stalls: every whole poll quantum a worker waits is one stall of its VT. By default waits for
 // data count too (config::count_data_waits): with FIFOs much smaller than a VT's chunk the
@@ -77,7 +85,7 @@ template <Telemetry M>
 struct worker_report {
   std::atomic<bool> finished{false};  ///< set last, with release: the rest may be read after it
   bool ran = false, probe = false;
-  bool arrival_timeout = false, arrival_mismatch = false;
+  bool arrival_timeout = false, arrival_mismatch = false, call_aborted = false;
   int other_rank = -1;  ///< the rank that did not arrive / disagreed
   call_args theirs{};
   block_outcome blk{};
@@ -148,7 +156,13 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     throw error(status::invalid_argument, "rank " + std::to_string(rank) + " outside [0, " + std::to_string(n) + ")");
   rank_state& rs = comm.rank(rank);
   std::int64_t const e64 = static_cast<std::int64_t>(rs.ctl.epoch);
-  auto invalid = [&](std::string const& what) { throw error(status::invalid_argument, what, rank, -1, e64); };
+  std::uint64_t const call = rs.calls++;
+  // A local failure: publish it for the other ranks of this call, then throw it here.
+  auto local_error = [&](status st, std::string const& what) {
+    comm.abort_call(rank, call, st, what);
+    return error(st, what, rank, -1, e64);
+  };
+  auto invalid = [&](std::string const& what) { throw local_error(status::invalid_argument, what); };
   if (rs.failed) throw error(status::internal, "the communicator failed in an earlier collective; build a new one", rank, -1, e64);
   if (comm.failed_flag().load(std::memory_order_acquire)) {
     rs.failed = true;
@@ -175,7 +189,7 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   std::uint64_t const scratch_len = static_cast<std::uint64_t>(s.segments(schedule::buffer::scratch)) * count;
   std::uint64_t const out_len = detail::user_output_len(Kind, n, count);
   if (in_len != detail::user_input_len(Kind, n, count) || work_len < out_len)
-    throw error(status::internal, "schedule buffer layout does not match the collective", rank, -1, e64);
+    throw local_error(status::internal, "schedule buffer layout does not match the collective");
   bool const reads_send = Kind != collective::broadcast || rank == root;
   if (count > 0 && reads_send && send == nullptr) invalid("send buffer is null");
   if (count > 0 && recv == nullptr) invalid("receive buffer is null");
@@ -185,18 +199,25 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   std::uint64_t const e = ctl.epoch;
   std::uint64_t const granule = cfg.granule ? cfg.granule : std::max<std::uint64_t>(1, 256 / sizeof(T));
   split const sp = ctl.split_for(count, granule);
-  if (sp.n_vts != cfg.n_vts) throw error(status::internal, "control state gives no valid split", rank, -1, e64);
+  if (sp.n_vts != cfg.n_vts) throw local_error(status::internal, "control state gives no valid split");
   std::uint32_t const probes = ctl.probe_mask & ~sp.live_mask;
 
+  auto grow = [&](std::vector<std::byte>& v, std::uint64_t elems) -> T* {
+    try {
+      return detail::grow<T>(v, elems);
+    } catch (std::exception const& x) {  // bad_alloc, or length_error for a count beyond any buffer
+      throw local_error(status::internal, "cannot allocate an internal buffer of " + std::to_string(elems) + " elements: " + x.what());
+    }
+  };
   T const* input = reads_send ? send : nullptr;
   if (input != nullptr && detail::overlaps(send, in_len * sizeof(T), recv, out_len * sizeof(T))) {
-    T* copy = detail::grow<T>(rs.input_copy, in_len);  // in place: keep the input intact for recovery
+    T* copy = grow(rs.input_copy, in_len);  // in place: keep the input intact for recovery
     std::memcpy(copy, send, in_len * sizeof(T));
     input = copy;
   }
   bool const internal_work = work_len != out_len;
-  T* work = internal_work ? detail::grow<T>(rs.work, work_len) : recv;
-  T* scratch = scratch_len > 0 ? detail::grow<T>(rs.scratch, scratch_len) : nullptr;
+  T* work = internal_work ? grow(rs.work, work_len) : recv;
+  T* scratch = scratch_len > 0 ? grow(rs.scratch, scratch_len) : nullptr;
   if (cfg.poison_internal) {
     if (internal_work) std::memset(static_cast<void*>(work), 0xa5, work_len * sizeof(T));
     if (scratch) std::memset(static_cast<void*>(scratch), 0xa5, scratch_len * sizeof(T));
@@ -210,10 +231,10 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
   rank_buffers<T> pbufs{};
   if (probes != 0) {
     auto seg = [&](schedule::buffer b) { return static_cast<std::uint64_t>(s.segments(b)) * probe_total; };
-    T* pin = detail::grow<T>(rs.probe_input, seg(schedule::buffer::input));
+    T* pin = grow(rs.probe_input, seg(schedule::buffer::input));
     std::memset(static_cast<void*>(pin), 0, seg(schedule::buffer::input) * sizeof(T));
-    pbufs = {pin, detail::grow<T>(rs.probe_work, seg(schedule::buffer::work)),
-             seg(schedule::buffer::scratch) ? detail::grow<T>(rs.probe_scratch, seg(schedule::buffer::scratch)) : nullptr,
+    pbufs = {pin, grow(rs.probe_work, seg(schedule::buffer::work)),
+             seg(schedule::buffer::scratch) ? grow(rs.probe_scratch, seg(schedule::buffer::scratch)) : nullptr,
              probe_total, seg(schedule::buffer::input), seg(schedule::buffer::work), seg(schedule::buffer::scratch)};
   }
 
@@ -234,12 +255,17 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     std::atomic<bool> const* abort = probe ? &probe_abort : &comm.failed_flag();
     detail::arrival_slot& mine = comm.arrival(vt, rank);
     mine.args = args;
-    mine.tag.store(e + 1, std::memory_order_release);
+    mine.tag.store(call + 1, std::memory_order_release);
     std::uint64_t const deadline = now_ns() + cfg.arrival_timeout_ns;
     for (int o = 0; o < n; ++o) {
       detail::arrival_slot const& a = comm.arrival(vt, o);
-      if (!detail::poll_until([&] { return a.tag.load(std::memory_order_acquire) == e + 1; }, deadline,
-                              cfg.poll_quantum_ns, abort)) {
+      auto const came = [&] { return a.tag.load(std::memory_order_acquire) == call + 1; };
+      detail::poll_until([&] { return came() || comm.call_aborted(call); }, deadline, cfg.poll_quantum_ns, abort);
+      if (!came()) {
+        if (comm.call_aborted(call)) {  // a rank gave up this call before arriving: no rank gets past here
+          r.call_aborted = true;
+          return;
+        }
         r.arrival_timeout = true;
         r.other_rank = o;
         return;
@@ -301,6 +327,14 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
     if (comm.failed_rank() != rank) throw error(st, what + " [first failure: " + comm.failed_description() + "]", who, vt, e64);
     throw error(st, what, who, vt, e64);
   };
+  for (int vt = 0; vt < cfg.n_vts; ++vt) {
+    auto const& r = rep[vt];
+    if (!r.ran || r.probe || !r.call_aborted) continue;
+    // Another rank gave up this call before any data moved: report its cause. Nothing changed on any
+    // rank (epoch, shares, links), so the communicator is not marked failed.
+    detail::call_abort const a = comm.abort_record(call);
+    throw error(a.st, "rank " + std::to_string(a.rank) + " gave up collective " + std::to_string(e) + ": " + a.what, a.rank, -1, e64);
+  }
   for (int vt = 0; vt < cfg.n_vts; ++vt) {
     auto const& r = rep[vt];
     if (!r.ran || r.probe) continue;

@@ -369,41 +369,47 @@ class nvlink_communicator {
     std::uint32_t* hello_result = nullptr;
     std::vector<detail::registered_buffer> buffers;
 
+    /// A destructor cannot throw: each failed call is reported on stderr (RECCL_*_REPORT) and the
+    /// teardown goes on, releasing what it still can.
     ~state() {
       if (comm == nullptr && !loopback) return;
-      int prev = 0;
-      cudaGetDevice(&prev);
-      cudaSetDevice(dev);
-      cudaDeviceSynchronize();
+      int prev = -1;
+      if (!RECCL_CUDA_REPORT(cudaGetDevice(&prev))) prev = -1;
+      RECCL_CUDA_REPORT(cudaSetDevice(dev));
+      RECCL_CUDA_REPORT(cudaDeviceSynchronize());
       if (loopback) {
-        for (auto& b : buffers) cudaFree(b.base);
-        if (scratch != nullptr) cudaFree(scratch);
-        if (hello_result != nullptr) cudaFree(hello_result);
-        cudaSetDevice(prev);
+        for (auto& b : buffers) RECCL_CUDA_REPORT(cudaFree(b.base));
+        if (scratch != nullptr) RECCL_CUDA_REPORT(cudaFree(scratch));
+        if (hello_result != nullptr) RECCL_CUDA_REPORT(cudaFree(hello_result));
+        if (prev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(prev));
         return;
       }
-      if (devcomm_valid) ncclDevCommDestroy(comm, &devcomm);
+      if (devcomm_valid) RECCL_NCCL_REPORT(ncclDevCommDestroy(comm, &devcomm));
       for (auto& b : buffers) {
-        if (b.win != nullptr) ncclCommWindowDeregister(comm, b.win);
-        ncclMemFree(b.base);
+        if (b.win != nullptr) RECCL_NCCL_REPORT(ncclCommWindowDeregister(comm, b.win));
+        RECCL_NCCL_REPORT(ncclMemFree(b.base));
       }
-      if (scratch_win != nullptr) ncclCommWindowDeregister(comm, scratch_win);
-      if (scratch != nullptr) ncclMemFree(scratch);
-      if (hello_result != nullptr) cudaFree(hello_result);
-      cudaSetDevice(prev);
+      if (scratch_win != nullptr) RECCL_NCCL_REPORT(ncclCommWindowDeregister(comm, scratch_win));
+      if (scratch != nullptr) RECCL_NCCL_REPORT(ncclMemFree(scratch));
+      if (hello_result != nullptr) RECCL_CUDA_REPORT(cudaFree(hello_result));
+      if (prev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(prev));
     }
   };
   std::unique_ptr<state> s_;
 
+  /// Makes `dev` current for the scope; the destructor restores the previous device (a failure
+  /// there is reported on stderr, since a destructor cannot throw).
   struct device_guard {
     int prev = -1;
     explicit device_guard(int dev) {
-      cudaGetDevice(&prev);
-      if (prev != dev) cudaSetDevice(dev);
+      RECCL_CUDA_CHECK(cudaGetDevice(&prev));
+      if (prev != dev) RECCL_CUDA_CHECK(cudaSetDevice(dev));
       else prev = -1;
     }
+    device_guard(device_guard const&) = delete;
+    device_guard& operator=(device_guard const&) = delete;
     ~device_guard() {
-      if (prev >= 0) cudaSetDevice(prev);
+      if (prev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(prev));
     }
   };
 
@@ -508,11 +514,14 @@ class nvlink_communicator {
     void** d = nullptr;
     RECCL_CUDA_CHECK(cudaMalloc(&d, sizeof(void*) * device::max_lsa));
     detail::resolve_lsa_kernel<<<1, 32>>>(win, s_->nranks, d);
-    cudaError_t const e = cudaGetLastError();
+    cudaError_t const launched = cudaGetLastError();
     void* h[device::max_lsa] = {};
-    if (e == cudaSuccess) cudaMemcpy(h, d, sizeof(void*) * s_->nranks, cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    RECCL_CUDA_CHECK(e);
+    cudaError_t const copied =
+        launched == cudaSuccess ? cudaMemcpy(h, d, sizeof(void*) * s_->nranks, cudaMemcpyDeviceToHost) : cudaSuccess;
+    cudaError_t const freed = cudaFree(d);  // before any throw, so that d never leaks
+    detail::check_cuda(launched, "resolve_lsa_kernel<<<1, 32>>>");
+    detail::check_cuda(copied, "cudaMemcpy(LSA pointers)");
+    detail::check_cuda(freed, "cudaFree(LSA pointer staging)");
     for (int r = 0; r < s_->nranks; ++r) {
       if (h[r] == nullptr) throw error(status::internal, "ncclGetLsaPointer returned null");
       peers[r] = static_cast<char*>(h[r]);

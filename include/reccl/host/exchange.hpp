@@ -29,9 +29,9 @@ inline proxy::rank_exchange nccl_exchange(ncclComm_t comm) {
     struct release {
       std::byte* d;
       cudaStream_t& s;
-      ~release() {
-        if (s) cudaStreamDestroy(s);
-        cudaFree(d);
+      ~release() {  // cannot throw: failures are reported on stderr
+        if (s) RECCL_CUDA_REPORT(cudaStreamDestroy(s));
+        RECCL_CUDA_REPORT(cudaFree(d));
       }
     } const guard{d, s};
     RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -8,6 +8,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -36,6 +37,14 @@ inline void check_nccl(ncclResult_t r, ncclComm_t comm, char const* what) {
   throw error(s, std::string(what) + " failed: " + nccl_message(r, comm));
 }
 
+/// check_nccl for cleanup that cannot throw: a failed call is written to stderr. Returns whether `r`
+/// is ncclSuccess.
+inline bool report_nccl(ncclResult_t r, char const* what) noexcept {
+  if (r == ncclSuccess) return true;
+  std::fprintf(stderr, "reccl: warning: %s failed during cleanup: %s\n", what, ncclGetErrorString(r));
+  return false;
+}
+
 /// Empty device-communicator requirements for the NCCL this was compiled against.
 inline ncclDevCommRequirements empty_requirements() {
 #if RECCL_NCCL_HAS_VERSIONED_REQUIREMENTS
@@ -50,19 +59,20 @@ inline ncclDevCommRequirements empty_requirements() {
 /// NCCL version of the library actually loaded (may differ from the headers'; reccl refuses that).
 inline int loaded_nccl_version() {
   int v = 0;
-  ncclGetVersion(&v);
+  check_nccl(ncclGetVersion(&v), nullptr, "ncclGetVersion");
   return v;
 }
 
 /// An NCCL group that is closed on every path: end() closes it and reports NCCL's result; if a
-/// throw leaves the scope first, the destructor closes it (ignoring the result).
+/// throw leaves the scope first, the destructor closes it (a failure is only reported on stderr:
+/// the throw in flight says what went wrong).
 class nccl_group {
  public:
   nccl_group() { check_nccl(ncclGroupStart(), nullptr, "ncclGroupStart()"); }
   nccl_group(nccl_group const&) = delete;
   nccl_group& operator=(nccl_group const&) = delete;
   ~nccl_group() {
-    if (open_) ncclGroupEnd();
+    if (open_) report_nccl(ncclGroupEnd(), "ncclGroupEnd()");
   }
   void end() {
     open_ = false;
@@ -77,3 +87,5 @@ class nccl_group {
 
 /// Throw reccl::error with NCCL's message if `expr` fails; `comm` may be nullptr.
 #define RECCL_NCCL_CHECK(comm, expr) ::reccl::detail::check_nccl((expr), (comm), #expr)
+/// Report (on stderr, never a throw) if `expr` fails; see report_nccl. For destructors and cleanup.
+#define RECCL_NCCL_REPORT(expr) ::reccl::detail::report_nccl((expr), #expr)

@@ -57,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "../host/error.hpp"
 #include "proxy.hpp"
 #include "work_queue.hpp"
 
@@ -97,15 +98,15 @@ class copy_engine_backend {
   }
   copy_engine_backend(copy_engine_backend const&) = delete;
   copy_engine_backend& operator=(copy_engine_backend const&) = delete;
-  ~copy_engine_backend() {
+  ~copy_engine_backend() {  // cannot throw: failures are reported on stderr
     for (auto& p : peers_) {
       if (p.stream != nullptr) {
         if (ok_) (void)submit(p);
-        cudaStreamSynchronize(p.stream);
-        cudaStreamDestroy(p.stream);
+        RECCL_CUDA_REPORT(cudaStreamSynchronize(p.stream));
+        RECCL_CUDA_REPORT(cudaStreamDestroy(p.stream));
       }
-      if (p.done != nullptr) cudaEventDestroy(p.done);
-      if (p.slots != nullptr) cudaFreeHost(p.slots);
+      if (p.done != nullptr) RECCL_CUDA_REPORT(cudaEventDestroy(p.done));
+      if (p.slots != nullptr) RECCL_CUDA_REPORT(cudaFreeHost(p.slots));
     }
   }
 

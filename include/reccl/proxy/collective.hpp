@@ -511,9 +511,9 @@ class proxy_collectives {
   }
   proxy_collectives(proxy_collectives const&) = delete;
   proxy_collectives& operator=(proxy_collectives const&) = delete;
-  ~proxy_collectives() {
+  ~proxy_collectives() {  // cannot throw: failures are reported on stderr
     for (auto* s : state_)
-      if (s) cudaFree(s);
+      if (s) RECCL_CUDA_REPORT(cudaFree(s));
   }
 
   /// Checks `a` for rank `rank` and launches its kernel on `stream` (on the rank's GPU). Throws

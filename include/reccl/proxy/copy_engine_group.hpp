@@ -93,7 +93,7 @@ class copy_engine_group {
         if (is_local(r)) start(r);
     } catch (...) {
       release(false);
-      (void)cudaSetDevice(cur);
+      RECCL_CUDA_REPORT(cudaSetDevice(cur));  // the error in flight is what matters
       throw;
     }
     RECCL_CUDA_CHECK(cudaSetDevice(cur));
@@ -190,7 +190,7 @@ class copy_engine_group {
         RECCL_CUDA_CHECK(cudaSetDevice(a));
         cudaError_t const e = cudaDeviceEnablePeerAccess(b, 0);
         if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) RECCL_CUDA_CHECK(e);
-        (void)cudaGetLastError();
+        (void)cudaGetLastError();  // clears "already enabled" (its result is that error)
       }
   }
 
@@ -318,18 +318,18 @@ class copy_engine_group {
     if (synced) (void)barrier_noexcept();     // no peer maps my memory any more
     for (auto& s : ranks_) {
       if (s.opened) continue;
-      if (s.window) cudaFree(s.window);
-      if (s.flags) cudaFree(s.flags);
-      if (s.host_block) cudaFreeHost(s.host_block);
-      if (s.dev_block) cudaFree(s.dev_block);
+      if (s.window) RECCL_CUDA_REPORT(cudaFree(s.window));
+      if (s.flags) RECCL_CUDA_REPORT(cudaFree(s.flags));
+      if (s.host_block) RECCL_CUDA_REPORT(cudaFreeHost(s.host_block));
+      if (s.dev_block) RECCL_CUDA_REPORT(cudaFree(s.dev_block));
       s = rank_state{};
     }
   }
   void close_peers() noexcept {
     for (auto& s : ranks_) {
       if (!s.opened) continue;
-      if (s.window) cudaIpcCloseMemHandle(s.window);
-      if (s.flags) cudaIpcCloseMemHandle(s.flags);
+      if (s.window) RECCL_CUDA_REPORT(cudaIpcCloseMemHandle(s.window));
+      if (s.flags) RECCL_CUDA_REPORT(cudaIpcCloseMemHandle(s.flags));
       s = rank_state{};
     }
   }

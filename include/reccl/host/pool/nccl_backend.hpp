@@ -109,7 +109,9 @@ class nccl_group {
     RECCL_NCCL_CHECK(s_->comm, ncclAllReduce(in, out, count, t, op, s_->comm, stream));
     note_issued(stream);
   }
-  /// Whether work noted on this group has not finished (cudaEventQuery; no NCCL call).
+  /// Whether work noted on this group has not finished (cudaEventQuery; no NCCL call). A query
+  /// that fails counts as finished: the error is the device's, and the next checked call on its
+  /// stream reports it.
   bool in_flight() const { return s_->fenced && cudaEventQuery(s_->fence) == cudaErrorNotReady; }
 
  private:
@@ -126,15 +128,16 @@ class nccl_group {
     cudaEvent_t fence = nullptr;
     bool fenced = false;
 
-    /// Releases what a teardown did not (a job dropped unrun): abort, which needs no peer.
+    /// Releases what a teardown did not (a job dropped unrun): abort, which needs no peer. A
+    /// destructor cannot throw: failures are reported on stderr.
     ~state() {
       if (comm == nullptr && fence == nullptr) return;
-      cudaSetDevice(dev);
+      RECCL_CUDA_REPORT(cudaSetDevice(dev));
       if (comm != nullptr) {
-        ncclCommAbort(comm);
+        RECCL_NCCL_REPORT(ncclCommAbort(comm));
         if (rc) new std::optional<nvlink_communicator>(std::move(rc));  // its comm is gone: leave it
       }
-      if (fence != nullptr) cudaEventDestroy(fence);
+      if (fence != nullptr) RECCL_CUDA_REPORT(cudaEventDestroy(fence));
     }
   };
   std::shared_ptr<state> s_;
@@ -161,10 +164,10 @@ class nccl_pool_backend {
   }
   nccl_pool_backend(nccl_pool_backend const&) = delete;
   nccl_pool_backend& operator=(nccl_pool_backend const&) = delete;
-  ~nccl_pool_backend() {
-    cudaSetDevice(dev_);
-    if (agree_buf_ != nullptr) cudaFree(agree_buf_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  ~nccl_pool_backend() {  // cannot throw: failures are reported on stderr
+    RECCL_CUDA_REPORT(cudaSetDevice(dev_));
+    if (agree_buf_ != nullptr) RECCL_CUDA_REPORT(cudaFree(agree_buf_));
+    if (stream_ != nullptr) RECCL_CUDA_REPORT(cudaStreamDestroy(stream_));
   }
 
   int world_rank() const { return rank_; }
@@ -226,7 +229,7 @@ class nccl_pool_backend {
     RECCL_CUDA_CHECK(cudaMalloc(&tmp, 2 * bytes));
     struct freer {
       void* p;
-      ~freer() { cudaFree(p); }
+      ~freer() { RECCL_CUDA_REPORT(cudaFree(p)); }
     } f{tmp};
     char* const in = static_cast<char*>(tmp);
     char* const out = in + bytes;
@@ -301,7 +304,6 @@ class nccl_pool_backend {
     return [s = std::move(g.s_), k, drain = opt_.drain_bound]() -> teardown_outcome {
       teardown_outcome o;
       o.used = k;
-      cudaSetDevice(s->dev);  // the worker thread starts on device 0
       std::string notes;
       auto nccl_ok = [&](ncclResult_t r, char const* what) {
         if (r == ncclSuccess) return true;
@@ -309,9 +311,17 @@ class nccl_pool_backend {
         notes += std::string(notes.empty() ? "" : "; ") + what + ": " + ncclGetErrorString(r);
         return false;
       };
+      auto cuda_ok = [&](cudaError_t e, char const* what) {
+        if (e == cudaSuccess) return true;
+        o.ok = false;
+        notes += std::string(notes.empty() ? "" : "; ") + what + ": " + cudaGetErrorString(e);
+        (void)cudaGetLastError();  // recorded in the outcome: clear it for later, unrelated checks
+        return false;
+      };
+      cuda_ok(cudaSetDevice(s->dev), "cudaSetDevice");  // the worker thread starts on device 0
       if (k == teardown_kind::finalize && s->fenced) {
         auto const deadline = std::chrono::steady_clock::now() + drain;
-        while (cudaEventQuery(s->fence) == cudaErrorNotReady) {
+        while (cudaEventQuery(s->fence) == cudaErrorNotReady) {  // another error: the work is over (failed)
           if (std::chrono::steady_clock::now() >= deadline) {
             o.used = teardown_kind::abort;
             notes = "in-flight work did not finish within the drain bound: aborted";
@@ -349,7 +359,7 @@ class nccl_pool_backend {
           break;
       }
       if (s->fence != nullptr) {
-        cudaEventDestroy(s->fence);
+        cuda_ok(cudaEventDestroy(s->fence), "cudaEventDestroy");
         s->fence = nullptr;
       }
       o.message = notes;
@@ -377,22 +387,23 @@ bool recapture(cudaStream_t stream, cudaGraphExec_t& exec, F&& record) {
   RECCL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
     record(stream);
-  } catch (...) {
-    cudaStreamEndCapture(stream, &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
+  } catch (...) {  // the error in flight is what matters: failures here are only reported
+    RECCL_CUDA_REPORT(cudaStreamEndCapture(stream, &graph));
+    if (graph != nullptr) RECCL_CUDA_REPORT(cudaGraphDestroy(graph));
     throw;
   }
   RECCL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   struct graph_guard {
     cudaGraph_t g;
-    ~graph_guard() { cudaGraphDestroy(g); }
+    ~graph_guard() { RECCL_CUDA_REPORT(cudaGraphDestroy(g)); }
   } gg{graph};
   if (exec != nullptr) {
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(exec, graph, &info) == cudaSuccess) return true;
-    cudaGetLastError();  // clear the failed update's error
-    cudaGraphExecDestroy(exec);
+    (void)cudaGetLastError();  // clears the failed update's error (its result is that error)
+    cudaGraphExec_t const old = exec;
     exec = nullptr;
+    RECCL_CUDA_CHECK(cudaGraphExecDestroy(old));
   }
   RECCL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   return false;
