@@ -17,8 +17,7 @@
 //    reservations out of bounds, raise_everywhere reaching every rank.
 // Test suite "big": one 16 MiB case per schedule and one 256 MiB case per collective and width.
 #define CUDA_NO_HALF  // reccl::half, not cuda_fp16.h's global `half`
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+#include "../doctest_main.hpp"
 
 #include <chrono>
 #include <cstdio>

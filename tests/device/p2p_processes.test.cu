@@ -9,8 +9,7 @@
 // 65539 elements. Then a null buffer on one process (it throws; the others stop at once, naming it),
 // and a process that never calls (the others time out naming it).
 #define CUDA_NO_HALF  // reccl::half, not cuda_fp16.h's global `half`
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+#include "../doctest_main.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -262,7 +261,8 @@ void run_ranks(int n) {
     }
     CHECK_MESSAGE(WEXITSTATUS(st) == 0, "rank " << r << " of " << n << " exit code " << WEXITSTATUS(st) << " (its messages are on stderr)");
   }
-  if (skipped) MESSAGE("skipped: no GPU");
+  REQUIRE_MESSAGE((skipped == 0 || skipped == n), skipped << " of " << n << " ranks found no GPU");
+  if (skipped) SKIP_CASE("no GPU");
 }
 
 }  // namespace
