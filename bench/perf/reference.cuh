@@ -1,10 +1,11 @@
 // bench/perf/reference.cuh -- reproducible inputs and an on-device expected result for every
-// collective, used by the perf binaries' check (-c 1) and by the GPU tests' largest cases.
+// collective, used by the perf binaries' check (-c 1). The GPU tests write their inputs with it
+// too, but check the results against the CPU reference of tests/device/support.cuh (expect() here
+// uses the library's own device::combine, so it cannot catch an error in that arithmetic).
 //
 // Input element j of rank r is a pure function gen(seed, r, j), so any rank can compute what every
 // other rank contributed and build the expected output locally. The expected value follows the
-// library's documented arithmetic (rank order, fp32 accumulation of 16-bit floats, -0 read as +0);
-// the GPU tests check that arithmetic independently against a CPU reference at smaller sizes.
+// library's documented arithmetic (rank order, fp32 accumulation of 16-bit floats, -0 read as +0).
 #pragma once
 
 #include <cuda_runtime.h>

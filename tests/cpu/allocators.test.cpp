@@ -1,7 +1,13 @@
 // The allocator never changes results (bitwise identical outputs under equal, proportional, texcp
-// and aimd while their splits differ), and a rate-capped VT ends up with a smaller share.
+// and aimd while their splits differ, each checked against a reference computed here in plain
+// double arithmetic), and a rate-capped VT ends up with a smaller share.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <optional>
 
 #include "support.hpp"
 
@@ -9,16 +15,11 @@ using namespace reccl_test;
 
 namespace {
 
-template <class A, class T, class S, collective Kind>
-struct runs {
-  std::vector<std::vector<std::vector<std::byte>>> outputs;  ///< [collective][rank]
-  std::vector<split> splits;
-};
-
 /// Runs `n` collectives of kind Kind / schedule S with allocator A on a communicator whose VT 0 is
-/// capped, on general random data from `seed` (the same inputs for every allocator).
+/// capped, on random data from `seed` (the same inputs for every allocator); `exact` picks data
+/// whose every partial result is exact (see random_data). Every run's status on every rank is checked.
 template <class A, class T, class S, collective Kind>
-runs<A, T, S, Kind> run_with(int n, std::uint64_t seed, redop op) {
+std::vector<checked_run> run_with(int n, std::uint64_t seed, redop op, bool exact) {
   cpu::config c;
   c.nranks = 4;
   c.n_vts = 3;
@@ -28,37 +29,131 @@ runs<A, T, S, Kind> run_with(int n, std::uint64_t seed, redop op) {
   c.faults.cap(0, 20e6);  // VT 0 at 20 MB/s per link: the adaptive allocators move bytes off it
   cpu::communicator comm(c);
   std::mt19937_64 g(seed);
-  runs<A, T, S, Kind> out;
+  std::vector<checked_run> out;
   using C = reccl::collective_op<Kind, T, S, transport::cpu_threads, telemetry::stalls, A>;
   for (int e = 0; e < n; ++e) {
-    auto r = run_checked<C>(comm, 30'011, g, op, 0, /*exact=*/false);
-    out.outputs.push_back(std::move(r.outputs));
-    out.splits.push_back(r.res[0].report.split);
+    out.push_back(run_checked<C>(comm, 30'011, g, op, 0, exact));
+    for (int r = 0; r < c.nranks; ++r) {
+      CAPTURE(e);
+      CAPTURE(r);
+      CHECK(out.back().res[r].st == status::ok);
+    }
   }
   return out;
+}
+
+/// Element i of a T buffer held as bytes, widened to long double (exact for every element type).
+template <class T>
+long double element_at(std::vector<std::byte> const& b, std::uint64_t i) {
+  T x;
+  std::memcpy(&x, b.data() + i * sizeof(T), sizeof(T));
+  if constexpr (std::is_same_v<T, half>) return static_cast<long double>(std::bit_cast<_Float16>(x.bits));
+  else if constexpr (std::is_same_v<T, bfloat16>) return static_cast<long double>(std::bit_cast<float>(std::uint32_t{x.bits} << 16));
+  else return static_cast<long double>(x);
+}
+
+/// The bits of T holding exactly `x`, or nothing if T cannot hold it exactly.
+template <class T>
+std::optional<std::uint64_t> exact_bits(long double x) {
+  if (static_cast<long double>(static_cast<double>(x)) != x) return std::nullopt;
+  double const d = static_cast<double>(x);
+  if constexpr (std::is_same_v<T, half>) {
+    auto const h = static_cast<_Float16>(d);
+    if (static_cast<double>(h) != d) return std::nullopt;
+    return std::bit_cast<std::uint16_t>(h);
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    auto const u = std::bit_cast<std::uint32_t>(static_cast<float>(d));
+    if (static_cast<double>(static_cast<float>(d)) != d || (u & 0xffffu) != 0) return std::nullopt;
+    return u >> 16;
+  } else if constexpr (std::is_same_v<T, float>) {
+    auto const f = static_cast<float>(d);
+    if (static_cast<double>(f) != d) return std::nullopt;
+    return std::bit_cast<std::uint32_t>(f);
+  } else {
+    return std::bit_cast<std::uint64_t>(d);
+  }
+}
+
+/// Unit roundoff of T's format (half a unit in the last place, relative).
+template <class T>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<T, half>) return 0x1p-11;
+  else if constexpr (std::is_same_v<T, bfloat16>) return 0x1p-8;
+  else if constexpr (std::is_same_v<T, float>) return 0x1p-24;
+  else return 0x1p-53;
+}
+
+/// Output elements of `run` that differ from a reference written here in plain long double
+/// arithmetic (64-bit significand; rank order; avg divides once at the end). On exact data every
+/// partial result is exact, so any fold order gives the reference's bits and they must match; on
+/// general data the output must lie within the rounding error of its n - 1 folds in T (and avg's
+/// division), n * u * (Σ|x_r| or |Πx_r|), the reference's own error being 2^-64 relative.
+template <class T, collective Kind>
+std::uint64_t wrong_elements(checked_run const& run, redop op, bool exact) {
+  static_assert(Kind == collective::all_reduce || Kind == collective::reduce_scatter);
+  int const n = static_cast<int>(run.inputs.size());
+  std::uint64_t wrong = 0;
+  for (int rank = 0; rank < n; ++rank) {
+    std::uint64_t const count = run.outputs[rank].size() / sizeof(T);
+    std::uint64_t const base = Kind == collective::reduce_scatter ? static_cast<std::uint64_t>(rank) * count : 0;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      long double acc = element_at<T>(run.inputs[0], base + i), mag = std::fabs(acc);
+      for (int r = 1; r < n; ++r) {
+        long double const x = element_at<T>(run.inputs[r], base + i);
+        switch (op) {
+          case redop::sum:
+          case redop::avg: acc += x, mag += std::fabs(x); break;
+          case redop::prod: acc *= x, mag = std::fabs(acc); break;
+          case redop::min: acc = std::min(acc, x); break;
+          case redop::max: acc = std::max(acc, x); break;
+        }
+      }
+      if (op == redop::avg) acc /= n, mag /= n;
+      long double const got = element_at<T>(run.outputs[rank], i);
+      bool ok = false;
+      if (exact) {
+        std::optional<std::uint64_t> const want = exact_bits<T>(acc);
+        std::uint64_t bits = 0;
+        std::memcpy(&bits, run.outputs[rank].data() + i * sizeof(T), sizeof(T));
+        ok = want && *want == bits;
+      } else {
+        ok = std::fabs(got - acc) <= n * unit_roundoff<T>() * mag;
+      }
+      if (!ok && wrong++ == 0)
+        MESSAGE("rank " << rank << " element " << i << ": " << static_cast<double>(got) << ", reference " << static_cast<double>(acc));
+    }
+  }
+  return wrong;
 }
 
 template <class T, class S, collective Kind>
 void same_bits_under_every_allocator(redop op) {
   constexpr int n = 5;
-  auto const eq = run_with<allocator::equal, T, S, Kind>(n, 99, op);
-  auto const pr = run_with<allocator::proportional, T, S, Kind>(n, 99, op);
-  auto const tx = run_with<allocator::texcp, T, S, Kind>(n, 99, op);
-  auto const am = run_with<allocator::aimd, T, S, Kind>(n, 99, op);
-  bool splits_differ = false;
-  for (int e = 0; e < n; ++e) {
-    CAPTURE(e);
-    CHECK(pr.outputs[e] == eq.outputs[e]);
-    CHECK(tx.outputs[e] == eq.outputs[e]);
-    CHECK(am.outputs[e] == eq.outputs[e]);
-    if (!(tx.splits[e] == eq.splits[e]) || !(pr.splits[e] == eq.splits[e])) splits_differ = true;
+  for (bool const exact : {false, true}) {
+    CAPTURE(exact);
+    std::vector<checked_run> const runs[] = {
+        run_with<allocator::equal, T, S, Kind>(n, 99, op, exact), run_with<allocator::proportional, T, S, Kind>(n, 99, op, exact),
+        run_with<allocator::texcp, T, S, Kind>(n, 99, op, exact), run_with<allocator::aimd, T, S, Kind>(n, 99, op, exact)};
+    std::string const names[] = {"equal", "proportional", "texcp", "aimd"};
+    auto const& eq = runs[0];
+    bool splits_differ = false;
+    for (int e = 0; e < n; ++e) {
+      CAPTURE(e);
+      for (int a = 0; a < 4; ++a) {
+        CAPTURE(names[a]);
+        CHECK(runs[a][e].outputs == eq[e].outputs);
+        CHECK(wrong_elements<T, Kind>(runs[a][e], op, exact) == 0);
+      }
+      split const& eq_split = eq[e].res[0].report.split;
+      if (!(runs[1][e].res[0].report.split == eq_split) || !(runs[2][e].res[0].report.split == eq_split)) splits_differ = true;
+    }
+    CHECK(splits_differ);  // otherwise the test would prove nothing
   }
-  CHECK(splits_differ);  // otherwise the test would prove nothing
 }
 
 }  // namespace
 
-TEST_CASE("bitwise identical results under equal, proportional, texcp and aimd") {
+TEST_CASE("bitwise identical results under equal, proportional, texcp and aimd, and equal to a plain reference") {
   SUBCASE("all_reduce ring float sum") { same_bits_under_every_allocator<float, schedule::ring, collective::all_reduce>(redop::sum); }
   SUBCASE("all_reduce two_shot half sum") { same_bits_under_every_allocator<half, schedule::two_shot, collective::all_reduce>(redop::sum); }
   SUBCASE("all_reduce tree double prod") { same_bits_under_every_allocator<double, schedule::tree, collective::all_reduce>(redop::prod); }

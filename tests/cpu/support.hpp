@@ -180,7 +180,15 @@ struct checked_run {
   std::vector<cpu::collective_result> res;
   bool correct = true;
   std::vector<std::vector<std::byte>> outputs;  ///< each rank's output bytes
+  std::vector<std::vector<std::byte>> inputs;   ///< each rank's input bytes
 };
+
+template <class T>
+std::vector<std::byte> bytes_of(std::vector<T> const& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
 
 template <class C>
 checked_run run_checked(cpu::communicator& comm, std::uint64_t count, std::mt19937_64& g, redop op = redop::sum,
@@ -199,9 +207,8 @@ checked_run run_checked(cpu::communicator& comm, std::uint64_t count, std::mt199
   comm.run_ranks([&](int r) { cr.res[r] = C::run(comm, r, in[r].data(), out[r].data(), count, op, root); });
   for (int r = 0; r < n; ++r) {
     if (exact && first_difference(out[r], reccl_test::reference<T>(k, n, root, count, in, op, r)) != -1) cr.correct = false;
-    std::vector<std::byte> b(out[r].size() * sizeof(T));
-    if (!b.empty()) std::memcpy(b.data(), out[r].data(), b.size());
-    cr.outputs.push_back(std::move(b));
+    cr.outputs.push_back(bytes_of(out[r]));
+    cr.inputs.push_back(bytes_of(in[r]));
   }
   return cr;
 }

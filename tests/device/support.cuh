@@ -1,11 +1,14 @@
 // tests/device/support.cuh -- shared by the GPU tests: an independent CPU reference of reccl's
 // documented arithmetic, random inputs, and a world of communicators driven from one process.
+// Inputs written on the GPU by reccl::bench::fill are checked against the same CPU reference:
+// host_expected / count_wrong, and all_reduce_wrong for outputs too large to hold twice on the host.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -13,9 +16,11 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "../../bench/perf/reference.cuh"
 #include "reccl/host/communicator.hpp"
 
 namespace gpu_test {
@@ -241,6 +246,91 @@ inline std::vector<unsigned char> expected_output(collective c, dtype t, redop o
     }
   }
   return out;
+}
+
+// ---- CPU reference for inputs written on the GPU by reccl::bench::fill ---------------------------
+
+/// Elements [first, first + len) of rank r's input as reccl::bench::fill(t, p, len, seed, r, first)
+/// writes them, generated on the host (only the generator is shared with the GPU side).
+inline std::vector<unsigned char> generated_input(dtype t, std::uint32_t seed, int r, std::uint64_t first, std::uint64_t len) {
+  std::size_t const es = reccl::size_of(t);
+  std::vector<unsigned char> v(len * es);
+  reccl::bench::dispatch_dtype(t, [&]<class T>() {
+    for (std::uint64_t j = 0; j < len; ++j) {
+      auto const b = reccl::bench::gen_bits<T>(seed, r, first + j);
+      std::memcpy(v.data() + j * es, &b, es);
+    }
+  });
+  return v;
+}
+
+/// Rank me's expected output of collective c over n ranks whose inputs reccl::bench::fill wrote
+/// with `seed` (count elements per segment), from the CPU reference.
+inline std::vector<unsigned char> host_expected(collective c, dtype t, redop op, int root, std::uint64_t count, int me, int n,
+                                                std::uint32_t seed) {
+  std::vector<std::vector<unsigned char>> in(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) in[r] = generated_input(t, seed, r, 0, count * in_segments(c, n));
+  return expected_output(c, t, op, root, count, me, in);
+}
+
+/// Elements of the device buffer `out` (want.size() / es elements of type t) whose bits differ from
+/// `want`; the first difference is printed to stderr with `what`.
+inline std::uint64_t count_wrong(dtype t, void const* out, std::vector<unsigned char> const& want, char const* what) {
+  std::size_t const es = reccl::size_of(t);
+  std::vector<unsigned char> got(want.size());
+  if (!got.empty()) TEST_CK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDefault));
+  std::uint64_t wrong = 0;
+  for (std::size_t i = 0; i < want.size() / es; ++i) {
+    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) == 0) continue;
+    if (wrong++ == 0)
+      std::fprintf(stderr, "%s: element %zu is 0x%llx, the reference 0x%llx\n", what, i,
+                   static_cast<unsigned long long>(get_elem(got, i, es)), static_cast<unsigned long long>(get_elem(want, i, es)));
+  }
+  return wrong;
+}
+
+/// Per rank, the elements of an all-reduce's output (device memory outs[r] on device devs[r],
+/// count elements) whose bits differ from the CPU reference, for inputs that reccl::bench::fill
+/// wrote with `seed`. The reference is built slice by slice on every host core, so an output of
+/// any size is checked in full without a second copy of it on the host.
+inline std::vector<std::uint64_t> all_reduce_wrong(dtype t, redop op, std::uint32_t seed, std::uint64_t count,
+                                                   std::vector<void const*> const& outs, std::vector<int> const& devs) {
+  int const n = static_cast<int>(outs.size());
+  std::size_t const es = reccl::size_of(t);
+  std::uint64_t const slice = std::uint64_t{1} << 22;
+  unsigned const workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::uint64_t> wrong(static_cast<std::size_t>(n), 0);
+  std::vector<unsigned char> want, got;
+  for (std::uint64_t first = 0; first < count; first += slice) {
+    std::uint64_t const len = std::min(slice, count - first);
+    want.resize(len * es);
+    std::vector<std::thread> pool;
+    std::uint64_t const part = (len + workers - 1) / workers;
+    for (std::uint64_t lo = 0; lo < len; lo += part) {
+      pool.emplace_back([&, lo] {
+        std::uint64_t const m = std::min(part, len - lo);
+        std::vector<std::vector<unsigned char>> in(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) in[r] = generated_input(t, seed, r, first + lo, m);
+        std::vector<unsigned char> const e = expected_output(collective::all_reduce, t, op, 0, m, 0, in);
+        std::memcpy(want.data() + lo * es, e.data(), e.size());
+      });
+    }
+    for (auto& th : pool) th.join();
+    got.resize(want.size());
+    for (int r = 0; r < n; ++r) {
+      TEST_CK(cudaSetDevice(devs[r]));
+      TEST_CK(cudaMemcpy(got.data(), static_cast<unsigned char const*>(outs[r]) + first * es, got.size(), cudaMemcpyDefault));
+      if (std::memcmp(got.data(), want.data(), got.size()) == 0) continue;
+      for (std::uint64_t i = 0; i < len; ++i) {
+        if (std::memcmp(got.data() + i * es, want.data() + i * es, es) == 0) continue;
+        if (wrong[r]++ == 0)
+          std::fprintf(stderr, "rank %d: element %llu is 0x%llx, the reference 0x%llx\n", r,
+                       static_cast<unsigned long long>(first + i), static_cast<unsigned long long>(get_elem(got, i, es)),
+                       static_cast<unsigned long long>(get_elem(want, i, es)));
+      }
+    }
+  }
+  return wrong;
 }
 
 }  // namespace gpu_test

@@ -1,6 +1,7 @@
-// Allocators: shares, to_split rounding, remask, and the convergence of TeXCP (the requirements of
-// the allocator issue: exact totals, masked VTs at zero, time within 5% of T* in <= 5 steps, shares
-// within 10% in <= 10 steps, no oscillation, identical splits on every rank).
+// Allocators: shares, to_split rounding, remask, and the convergence of TeXCP (what README.md and
+// texcp.hpp state: exact totals, masked VTs at zero, over 520 cases the collective time within 5% of
+// T* and the shares within 10% of B_i/ΣB in at most 4 steps, once there always there, no VT that
+// starts above its optimum below 0.87 of it, identical splits on every rank).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -328,22 +329,20 @@ TEST_CASE("texcp converges from the equal split for kappa <= 4 and 2..8 VTs, wit
           for (int i = 0; i < n; ++i)
             if (((sc.mask >> i) & 1u) && 1.0 / __builtin_popcount(sc.mask) > sc.bw[i] / sum_bw)
               worst_dip = std::min(worst_dip, s.w[i] / one / (sc.bw[i] / sum_bw));
-          if (step >= 20) {  // converged: stays converged and still
-            REQUIRE(q.time_ratio <= 1.05);
-            REQUIRE(q.share_error <= 0.10);
-          }
+          if (time_steps >= 0) REQUIRE(q.time_ratio <= 1.05);  // once within a bound, never out of it again
+          if (share_steps >= 0) REQUIRE(q.share_error <= 0.10);
           vt_observation const o = observe(sp, sc.bw, nullptr);
           shares const next = alloc.update(s, o);
           REQUIRE(check(next) == status::ok);
-          if (step >= 20)
+          if (step >= 20)  // converged: still
             for (int i = 0; i < n; ++i) REQUIRE(std::abs(static_cast<double>(next.w[i]) - s.w[i]) <= one * 1e-3);
           other_rank = alloc.update(other_rank, o);
           s = next;
         }
         REQUIRE(time_steps >= 0);
         REQUIRE(share_steps >= 0);
-        CHECK(time_steps <= 5);
-        CHECK(share_steps <= 10);
+        CHECK(time_steps <= 4);
+        CHECK(share_steps <= 4);
         if (time_steps > worst_time_steps) worst_time_steps = time_steps, worst_time_case = sc.name;
         if (share_steps > worst_share_steps) worst_share_steps = share_steps, worst_share_case = sc.name;
       }
@@ -354,7 +353,8 @@ TEST_CASE("texcp converges from the equal split for kappa <= 4 and 2..8 VTs, wit
                                                                 << "), shares within 10% after <= " << worst_share_steps
                                                                 << " steps (" << worst_share_case
                                                                 << "); smallest share/optimal on the way: " << worst_dip);
-  CHECK(worst_dip >= 0.5);  // the clamp keeps a slow VT from overshooting towards zero
+  CHECK(cases == 520);
+  CHECK(worst_dip >= 0.87);  // the clamp keeps a VT from overshooting far below its optimum
 }
 
 TEST_CASE("texcp under +-5% noise: the slow VT's share is steady after convergence") {
