@@ -764,7 +764,7 @@ TEST_CASE("p2p handle: signal and wait between ranks") {
   }
 }
 
-TEST_CASE("p2p handle: put, signal and wait make the data visible; barriers with growing epochs") {
+TEST_CASE("p2p handle: put, signal and wait make the data visible, and barriers with growing epochs") {
   REQUIRE_GPU();
   for (int n : {2, 3, 4}) {
     world w(n);
