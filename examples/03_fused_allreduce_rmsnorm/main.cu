@@ -12,6 +12,7 @@
 //
 // Exit status: 0 when every result is correct and a missing rank faults naming it; 1 otherwise.
 // The speed targets are printed, not asserted.
+#include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -181,6 +182,10 @@ struct options {
 int run(options& o);
 
 int main(int argc, char** argv) {
+  // Load every kernel when the context is created: a kernel loaded lazily on its first launch waits
+  // for the kernels already running, and here those are other loopback ranks' kernels waiting for
+  // this rank (the first add+RMSNorm launch would stall rank 0's all-reduce until its deadline).
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   options o;
   CLI::App app{"fused all-reduce + residual add + RMSNorm on loopback ranks, against reccl's all-reduce + a separate kernel"};
   app.add_option("--ranks", o.ranks, "rank counts to run (loopback ranks on GPU 0)")->delimiter(',')->check(CLI::Range(2, 8));
