@@ -10,6 +10,8 @@
 //  1. data on which every fold order gives the same bits, checked against the naive reference;
 //  2. general random data, checked bit for bit against the sequential replay of the same schedule
 //     (counts up to 70k; above, exact data again).
+// Both references fold with the arithmetic of support.hpp (ref_combine), written independently of
+// the engine's reccl/cpu/numeric.hpp.
 // Outputs are poisoned before each run. bench/cpu/cpu_sweep.cpp runs the full product by hand.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -117,12 +119,12 @@ void run_case(case_params const& c) {
         full[r].resize(static_cast<std::size_t>(s.segments(schedule::buffer::input)) * c.count);
       }
       split sp = to_split(equal_shares(1, 1), c.count, 1);
-      auto const rep = schedule::replay_data<S>(p, c.count, sp, full, [op](T a, T b) { return cpu::combine(op, a, b); });
+      auto const rep = schedule::replay_data<S>(p, c.count, sp, full, [op](T a, T b) { return ref_combine(op, a, b); });
       REQUIRE_MESSAGE(rep.ok(), rep.error);
       for (int r = 0; r < n; ++r) {
         auto ref = rep.output(r);
         if (reduces(Kind) && op == redop::avg)
-          for (auto& x : ref) x = cpu::average(x, n);
+          for (auto& x : ref) x = ref_average(x, n);
         long const d = first_difference(out[r], ref);
         CAPTURE(r);
         CAPTURE(d);

@@ -2,6 +2,9 @@
 // runtime dispatch over (collective, schedule) plans and element types.
 #pragma once
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -148,17 +151,99 @@ long first_difference(std::vector<T> const& a, std::vector<T> const& b) {
   return -1;
 }
 
-/// The naive reference: reccl::schedule::reference_output with the engine's ⊕, then avg's division.
+// ---- Reference arithmetic, written here independently of reccl/cpu/numeric.hpp -----------------
+// What README.md and numeric.hpp document: integer sum and prod wrap, 16-bit floats compute in
+// float and round once to nearest even per combine, avg divides the combined sum once at the end.
+
+/// float -> bfloat16 bits, round to nearest even: scale to an integer significand of at most 8
+/// bits (the subnormal quantum 2^-133 below that), round it with nearbyint, scale back.
+inline std::uint16_t ref_bf16_bits(float f) {
+  if (f == 0.0f || !std::isfinite(f)) return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(f) >> 16);
+  int e = 0;
+  (void)std::frexp(f, &e);  // |f| = m * 2^e, 1/2 <= m < 1
+  int const q = std::max(e - 8, -133);
+  float const r = std::ldexp(std::nearbyint(std::ldexp(f, -q)), q);  // overflow rounds to infinity
+  return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(r) >> 16);
+}
+
+template <class T>
+float ref_widen(T x) {
+  if constexpr (std::is_same_v<T, half>) return static_cast<float>(std::bit_cast<_Float16>(x.bits));
+  else return std::bit_cast<float>(static_cast<std::uint32_t>(x.bits) << 16);
+}
+template <class T>
+T ref_narrow(float f) {
+  if constexpr (std::is_same_v<T, half>) return half::from_bits(std::bit_cast<std::uint16_t>(static_cast<_Float16>(f)));
+  else return bfloat16::from_bits(ref_bf16_bits(f));
+}
+
+/// a ⊕ b (avg combines as sum).
+template <class T>
+T ref_combine(redop op, T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    U const x = static_cast<U>(a), y = static_cast<U>(b);
+    switch (op) {
+      case redop::sum:
+      case redop::avg: return static_cast<T>(static_cast<U>(x + y));
+      case redop::prod: return static_cast<T>(static_cast<U>(x * y));
+      case redop::min: return std::min(a, b);
+      case redop::max: return std::max(a, b);
+    }
+  } else if constexpr (is_16bit_float<T>) {
+    float const x = ref_widen(a), y = ref_widen(b);
+    switch (op) {
+      case redop::sum:
+      case redop::avg: return ref_narrow<T>(x + y);
+      case redop::prod: return ref_narrow<T>(x * y);
+      case redop::min: return y < x ? b : a;
+      case redop::max: return x < y ? b : a;
+    }
+  } else {
+    switch (op) {
+      case redop::sum:
+      case redop::avg: return a + b;
+      case redop::prod: return a * b;
+      case redop::min: return std::min(a, b);
+      case redop::max: return std::max(a, b);
+    }
+  }
+  return a;
+}
+
+/// avg's final step: the combined sum divided once by the rank count (integers truncate).
+template <class T>
+T ref_average(T sum, int nranks) {
+  if constexpr (is_16bit_float<T>) return ref_narrow<T>(ref_widen(sum) / static_cast<float>(nranks));
+  else return static_cast<T>(sum / static_cast<T>(nranks));
+}
+
+/// The naive reference: what rank `rank` must hold, each reduced element folded left in rank order
+/// 0, 1, ..., N-1 with ref_combine, then avg's division.
 template <class T>
 std::vector<T> reference(collective c, int nranks, int root, std::uint64_t count, std::vector<std::vector<T>> const& in,
                          redop op, int rank) {
-  schedule::params p{};
-  p.coll = c;
-  p.nranks = nranks;
-  p.root = root;
-  auto out = schedule::reference_output(p, count, in, [op](T a, T b) { return cpu::combine(op, a, b); }, rank);
-  if (reduces(c) && op == redop::avg)
-    for (auto& x : out) x = cpu::average(x, nranks);
+  auto const seg = [&](int r, int s) { return in[r].begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(s) * count); };
+  std::vector<T> out;
+  switch (c) {
+    case collective::all_reduce:
+    case collective::reduce_scatter: {
+      int const s = c == collective::reduce_scatter ? rank : 0;
+      out.assign(seg(0, s), seg(0, s) + static_cast<std::ptrdiff_t>(count));
+      for (int r = 1; r < nranks; ++r)
+        for (std::uint64_t i = 0; i < count; ++i) out[i] = ref_combine(op, out[i], seg(r, s)[static_cast<std::ptrdiff_t>(i)]);
+      if (op == redop::avg)
+        for (auto& x : out) x = ref_average(x, nranks);
+      break;
+    }
+    case collective::all_gather:
+      for (int r = 0; r < nranks; ++r) out.insert(out.end(), seg(r, 0), seg(r, 0) + static_cast<std::ptrdiff_t>(count));
+      break;
+    case collective::broadcast: out.assign(seg(root, 0), seg(root, 0) + static_cast<std::ptrdiff_t>(count)); break;
+    case collective::all_to_all:
+      for (int r = 0; r < nranks; ++r) out.insert(out.end(), seg(r, rank), seg(r, rank) + static_cast<std::ptrdiff_t>(count));
+      break;
+  }
   return out;
 }
 

@@ -384,7 +384,7 @@ TEST_CASE("texcp under +-5% noise: the slow VT's share is steady after convergen
         mean /= static_cast<double>(tail.size());
         for (double x : tail) var += (x - mean) * (x - mean);
         double const cv = std::sqrt(var / static_cast<double>(tail.size())) / mean;
-        CHECK(cv < 0.05);
+        CHECK(cv < 0.035);  // texcp.hpp: 3.0-3.5% at eta = 3/4
         if (cv > worst) worst = cv, worst_case = sc.name + " n=" + std::to_string(n) + " kappa=" + std::to_string(kappa);
       }
     }
