@@ -3,8 +3,7 @@
 // is launched (plain communicator, adaptive lane), and collectives that only move data still run on
 // every dtype. Two loopback ranks on GPU 0.
 #define RECCL_DTYPES bfloat16
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+#include "../doctest_main.hpp"
 
 #include <cstdint>
 #include <string>
@@ -33,7 +32,7 @@ struct world {
 
 world* get_world() {
   static world* w = nullptr;
-  if (w != nullptr || !have_gpu()) return w;
+  if (w != nullptr || ::gpu_test::gpu_count() == 0) return w;
   w = new world;
   TEST_CK(cudaSetDevice(0));
   int sms = 0;
@@ -58,10 +57,7 @@ world* get_world() {
 
 #define REQUIRE_WORLD()                  \
   world* wp = get_world();               \
-  if (wp == nullptr) {                   \
-    MESSAGE("skipped: no GPU");          \
-    return;                              \
-  }                                      \
+  if (wp == nullptr) SKIP_CASE("no GPU"); \
   world& w = *wp
 
 /// Rank r's bf16 input element i: a small integer, so the sum over ranks is exact.
