@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "policy/allocator/allocator.hpp"
 #include "policy/schedule/schedule.hpp"
@@ -52,10 +53,13 @@ struct collective_op {
   }
 
   /// Any other call shape the transport's run_collective takes, e.g. the GPU transports'
-  /// run(comm, send, recv, count, op, stream, options) (reccl/host/p2p_collective.hpp).
-  template <class... Args>
-  static auto run(communicator& comm, Args&&... args) {
-    return run_collective<Kind, T, S, M, A>(comm, static_cast<Args&&>(args)...);
+  /// run(comm, send, recv, count, op, stream, options) (reccl/host/p2p_collective.hpp): one
+  /// communicator per rank, so no rank argument (a first argument that converts to int is the
+  /// rank of the call above, whose pointers may then be nullptr).
+  template <class First, class... Args>
+    requires(!std::is_convertible_v<First, int>)
+  static auto run(communicator& comm, First&& first, Args&&... args) {
+    return run_collective<Kind, T, S, M, A>(comm, static_cast<First&&>(first), static_cast<Args&&>(args)...);
   }
 };
 
