@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "p2p_reference.hpp"
-#include "process_exchange.hpp"
+#include "forked_ranks.hpp"
 #include "reccl/host/p2p_collective.hpp"
 #include "reccl/policy/allocator/equal.hpp"
 #include "reccl/policy/schedule/one_shot.hpp"
@@ -38,7 +38,7 @@ using reccl::p2p_config;
 
 namespace {
 
-constexpr int skip_code = 77;
+constexpr int skip_code = reccl_test::skipped_exit_code;
 constexpr std::size_t guard_bytes = 256;
 constexpr unsigned char poison_byte = 0xA5;
 
@@ -230,40 +230,7 @@ int child_main(int me, int n, reccl::proxy::rank_exchange ex) {
   return child_fails == 0 ? 0 : 1;
 }
 
-// Forks n ranks before any CUDA call in this process (a child cannot use CUDA initialised before
-// fork()), so the parent cannot ask for a GPU itself: children without one exit with skip_code.
-void run_ranks(int n) {
-  gpu_test::process_exchange ex(n, 4096, std::chrono::seconds(300));
-  std::vector<pid_t> kids;
-  for (int r = 0; r < n; ++r) {
-    pid_t const pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int rc = 3;
-      try {
-        rc = child_main(r, n, ex.for_rank(r));
-      } catch (std::exception const& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    kids.push_back(pid);
-  }
-  int skipped = 0;
-  for (int r = 0; r < n; ++r) {
-    int st = 0;
-    waitpid(kids[static_cast<std::size_t>(r)], &st, 0);
-    REQUIRE(WIFEXITED(st));
-    if (WEXITSTATUS(st) == skip_code) {
-      ++skipped;
-      continue;
-    }
-    CHECK_MESSAGE(WEXITSTATUS(st) == 0, "rank " << r << " of " << n << " exit code " << WEXITSTATUS(st) << " (its messages are on stderr)");
-  }
-  REQUIRE_MESSAGE((skipped == 0 || skipped == n), skipped << " of " << n << " ranks found no GPU");
-  if (skipped) SKIP_CASE("no GPU");
-}
+void run_ranks(int n) { gpu_test::run_forked_ranks(n, std::chrono::seconds(300), child_main); }
 
 }  // namespace
 

@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "process_exchange.hpp"
+#include "forked_ranks.hpp"
 #include "reccl/host/exchange.hpp"
 #include "reccl/proxy/collective.hpp"
 #include "support.cuh"
@@ -40,7 +40,7 @@ static_assert(std::is_same_v<decltype(reccl::nccl_exchange(ncclComm_t{})), reccl
 namespace {
 
 constexpr std::uint64_t guard = 64;
-constexpr int skip_code = 77;
+constexpr int skip_code = reccl_test::skipped_exit_code;
 
 struct rank_setup {
   std::unique_ptr<copy_engine_group> g;
@@ -320,40 +320,7 @@ int child_main(int me, int n, reccl::proxy::rank_exchange ex) {
   return child_fails == 0 ? 0 : 1;
 }
 
-// Forks n ranks (the parent makes no CUDA call: a forked child could not use CUDA after it); the
-// case is skipped when every rank finds no GPU.
-void run_ranks(int n) {
-  process_exchange ex(n, 4096, std::chrono::seconds(120));
-  std::vector<pid_t> kids;
-  for (int r = 0; r < n; ++r) {
-    pid_t const pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int rc = 3;
-      try {
-        rc = child_main(r, n, ex.for_rank(r));
-      } catch (std::exception const& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    kids.push_back(pid);
-  }
-  int skipped = 0;
-  for (int r = 0; r < n; ++r) {
-    int st = 0;
-    waitpid(kids[static_cast<std::size_t>(r)], &st, 0);
-    REQUIRE(WIFEXITED(st));
-    if (WEXITSTATUS(st) == skip_code) {
-      ++skipped;
-      continue;
-    }
-    CHECK_MESSAGE(WEXITSTATUS(st) == 0, "rank " << r << " of " << n << " exit code " << WEXITSTATUS(st));
-  }
-  REQUIRE_MESSAGE((skipped == 0 || skipped == n), skipped << " of " << n << " ranks found no GPU");
-  if (skipped) SKIP_CASE("no GPU");
-}
+void run_ranks(int n) { gpu_test::run_forked_ranks(n, std::chrono::seconds(120), child_main); }
 
 }  // namespace
 
