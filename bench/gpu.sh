@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
 #
-#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim ab all
-#                                 (default: all but proxy-ab and ab)
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim layer ab all
+#                                 (default: all but proxy-ab, layer and ab)
 #
 # proxy-ab: the copy-engine proxy's submission modes side by side (batched / one call per operation)
 # in reccl_proxy_cost and reccl_proxy_perf, the floods longer than the queue (kernels loaded first,
@@ -333,6 +333,31 @@ if has shim; then
   fi
 fi
 
+# ---- the device layer ------------------------------------------------------------------------------
+# layer: the P2P composed collectives (loopback suite, processes sharing the GPU), RECCL_DTYPES, and
+# the fused all-reduce + RMSNorm example (its table and JSON). p2p_collectives is one translation
+# unit of ~10 CPU-minutes: build it before the call's other work, or in a call of its own.
+if has layer; then
+  log "device layer: build"
+  cmake -S . -B "$BUILD/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECCL_ENABLE_CUDA=ON -DRECCL_ENABLE_GPU_TESTS=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake_layer.log" 2>&1 &&
+    cmake --build "$BUILD/cmake" -j "$(nproc)" --target reccl.test.device.p2p_collectives reccl.test.device.p2p_processes \
+      reccl.test.device.dtype_subset reccl.example.fused_allreduce_rmsnorm >>"$OUT/cmake_layer.log" 2>&1 ||
+    { tail -20 "$OUT/cmake_layer.log"; SUMMARY+=("layer: build failed"); }
+  for t in p2p_collectives p2p_processes dtype_subset; do
+    b=$(find "$BUILD/cmake" -name "reccl.test.device.$t" -type f | head -1)
+    [[ -z "$b" ]] && continue
+    timeout 600 "$b" >"$OUT/test_$t.log" 2>&1
+    rc=$?; SUMMARY+=("test $t: rc=$rc  $(grep -E 'test cases:' "$OUT/test_$t.log" | tail -1)")
+    grep -E "ERROR|FAILED|wrong" "$OUT/test_$t.log" | head -20
+  done
+  f=$(find "$BUILD/cmake" -name fused_allreduce_rmsnorm -type f | head -1)
+  if [[ -n "$f" ]]; then
+    timeout 300 "$f" --json "$OUT/fused_allreduce_rmsnorm.json" >"$OUT/fused_allreduce_rmsnorm.txt" 2>&1
+    rc=$?; SUMMARY+=("fused all-reduce + RMSNorm: rc=$rc")
+  fi
+fi
+
 # ---- A/B of two builds on loopback ranks ----------------------------------------------------------
 # ab: reccl_loopback_perf built from this tree and from AB_OLD_INCLUDE (the old commit's include/:
 # git archive OLD include | tar -x -C DIR), run AB_PAIRS times each, interleaved (old, new, old, ...);
@@ -374,6 +399,7 @@ ls "$OUT"/ab_inline_*.json >/dev/null 2>&1 && { echo "-- proxy collectives by in
 for f in "$OUT"/ab_perf_*.txt; do [[ -f "$f" ]] && { echo "-- $(basename "$f")"; grep -v '^$' "$f"; }; done
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
 [[ -f "$OUT/ab_table.txt" ]] && cat "$OUT/ab_table.txt"
+[[ -f "$OUT/fused_allreduce_rmsnorm.txt" ]] && cat "$OUT/fused_allreduce_rmsnorm.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"
 if ls "$OUT"/*.json >/dev/null 2>&1; then
   python3 - "$OUT" <<'PY'
