@@ -222,6 +222,12 @@ int run(options& o) {
   if (proto == fused::protocol::lamport) o.lamport_max_tokens = max_tokens;
   o.lamport_max_tokens = std::min(o.lamport_max_tokens, max_tokens);
 
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    (void)cudaGetLastError();
+    fmt::print("skipped: no GPU\n");
+    return 77;  // CTest's SKIP_RETURN_CODE for this example
+  }
   int const device = 0;
   CK(cudaSetDevice(device));
   cudaDeviceProp prop{};
