@@ -286,6 +286,9 @@ int run(options& o) {
           CK(cudaMemcpy(rb[r].residual, res_b.data(), elems * 2, cudaMemcpyHostToDevice));
           CK(cudaMemcpy(rb[r].weight, w_b.data(), std::size_t{hidden} * 2, cudaMemcpyHostToDevice));
         }
+        // a copy from pageable memory may return before the data lands, and the ranks' streams are
+        // non-blocking (they do not wait for the legacy stream)
+        CK(cudaDeviceSynchronize());
 
         auto run_fused = [&](int r) {
           auto& b = rb[r];

@@ -104,6 +104,9 @@ bool run_case(rank_setup& R, std::uint64_t count, redop op, std::mt19937_64& g, 
   }
   TEST_CK(cudaMemset(R.arena, poison_byte, total));
   TEST_CK(cudaMemcpy(R.arena + send_off, in[static_cast<std::size_t>(me)].data(), se * sizeof(H), cudaMemcpyHostToDevice));
+  // A memset, and a copy from pageable memory, may return before the data lands; the collective
+  // runs on a non-blocking stream, which does not wait for the legacy stream's work.
+  TEST_CK(cudaDeviceSynchronize());
   gpu_call_options o;
   o.n_vts = 2;
   o.root = root;
@@ -178,6 +181,7 @@ void null_buffer(int me, int n, reccl::proxy::rank_exchange const& ex) {
   std::uint64_t const count = 20000;
   TEST_CK(cudaMemset(R.arena, 0x3c, R.bytes));
   TEST_CK(cudaDeviceSynchronize());
+  TEST_CK(cudaDeviceSynchronize());
   auto const t0 = std::chrono::steady_clock::now();
   std::string thrown;
   try {
@@ -205,6 +209,7 @@ void missing_rank(int me, int n, reccl::proxy::rank_exchange const& ex) {
   int const missing = n - 1;
   if (me == missing) return;  // destroys its communicator with the others, never calling
   TEST_CK(cudaMemset(R.arena, 0x3c, R.bytes));
+  TEST_CK(cudaDeviceSynchronize());
   TEST_CK(cudaDeviceSynchronize());
   auto const t0 = std::chrono::steady_clock::now();
   gpu_op<collective::all_reduce, reccl::schedule::one_shot, float>::run(R.comm, reinterpret_cast<float const*>(R.arena),
