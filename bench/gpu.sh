@@ -335,16 +335,18 @@ fi
 
 # ---- the device layer ------------------------------------------------------------------------------
 # layer: the P2P composed collectives (loopback suite, processes sharing the GPU), RECCL_DTYPES, and
-# the fused all-reduce + RMSNorm example (its table and JSON). p2p_collectives is one translation
-# unit of ~10 CPU-minutes: build it before the call's other work, or in a call of its own.
+# the fused all-reduce + RMSNorm example (its table and JSON). The loopback suite is five
+# translation units (p2p_all_reduce, p2p_reduce_scatter_all_gather, p2p_broadcast_all_to_all,
+# p2p_calls, p2p_handle), built in parallel.
 if has layer; then
   log "device layer: build"
   cmake -S . -B "$BUILD/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECCL_ENABLE_CUDA=ON -DRECCL_ENABLE_GPU_TESTS=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake_layer.log" 2>&1 &&
-    cmake --build "$BUILD/cmake" -j "$(nproc)" --target reccl.test.device.p2p_collectives reccl.test.device.p2p_processes \
+    cmake --build "$BUILD/cmake" -j "$(nproc)" --target reccl.test.device.p2p_all_reduce reccl.test.device.p2p_reduce_scatter_all_gather \
+      reccl.test.device.p2p_broadcast_all_to_all reccl.test.device.p2p_calls reccl.test.device.p2p_handle reccl.test.device.p2p_processes \
       reccl.test.device.dtype_subset reccl.example.fused_allreduce_rmsnorm >>"$OUT/cmake_layer.log" 2>&1 ||
     { tail -20 "$OUT/cmake_layer.log"; SUMMARY+=("layer: build failed"); }
-  for t in p2p_collectives p2p_processes dtype_subset; do
+  for t in p2p_all_reduce p2p_reduce_scatter_all_gather p2p_broadcast_all_to_all p2p_calls p2p_handle p2p_processes dtype_subset; do
     b=$(find "$BUILD/cmake" -name "reccl.test.device.$t" -type f | head -1)
     [[ -z "$b" ]] && continue
     timeout 600 "$b" >"$OUT/test_$t.log" 2>&1

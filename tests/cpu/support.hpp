@@ -52,27 +52,50 @@ inline char const* plan_name(plan p) {
   return names[static_cast<int>(p)];
 }
 
-/// Calls f.template operator()<Kind, S>() for plan p.
+/// Calls f.template operator()<Kind, S>() for plan P (a translation unit instantiates only P).
+template <plan P, class F>
+decltype(auto) with_plan(F&& f) {
+  using namespace reccl::schedule;
+  if constexpr (P == plan::ar_ring) return f.template operator()<collective::all_reduce, ring>();
+  else if constexpr (P == plan::ar_tree) return f.template operator()<collective::all_reduce, tree>();
+  else if constexpr (P == plan::ar_one_shot) return f.template operator()<collective::all_reduce, one_shot>();
+  else if constexpr (P == plan::ar_two_shot) return f.template operator()<collective::all_reduce, two_shot>();
+  else if constexpr (P == plan::rs_ring) return f.template operator()<collective::reduce_scatter, ring>();
+  else if constexpr (P == plan::rs_one_shot) return f.template operator()<collective::reduce_scatter, one_shot>();
+  else if constexpr (P == plan::rs_two_shot) return f.template operator()<collective::reduce_scatter, two_shot>();
+  else if constexpr (P == plan::ag_ring) return f.template operator()<collective::all_gather, ring>();
+  else if constexpr (P == plan::ag_one_shot) return f.template operator()<collective::all_gather, one_shot>();
+  else if constexpr (P == plan::bc_ring) return f.template operator()<collective::broadcast, ring>();
+  else if constexpr (P == plan::bc_tree) return f.template operator()<collective::broadcast, tree>();
+  else if constexpr (P == plan::bc_one_shot) return f.template operator()<collective::broadcast, one_shot>();
+  else if constexpr (P == plan::bc_multirail) return f.template operator()<collective::broadcast, multirail_broadcast>();
+  else if constexpr (P == plan::a2a_direct) return f.template operator()<collective::all_to_all, reccl::schedule::all_to_all>();
+  else {
+    static_assert(P == plan::a2a_one_shot);
+    return f.template operator()<collective::all_to_all, one_shot>();
+  }
+}
+
+/// Calls f.template operator()<Kind, S>() for plan p (instantiates every plan).
 template <class F>
 decltype(auto) with_plan(plan p, F&& f) {
-  using namespace reccl::schedule;
   switch (p) {
-    case plan::ar_ring: return f.template operator()<collective::all_reduce, ring>();
-    case plan::ar_tree: return f.template operator()<collective::all_reduce, tree>();
-    case plan::ar_one_shot: return f.template operator()<collective::all_reduce, one_shot>();
-    case plan::ar_two_shot: return f.template operator()<collective::all_reduce, two_shot>();
-    case plan::rs_ring: return f.template operator()<collective::reduce_scatter, ring>();
-    case plan::rs_one_shot: return f.template operator()<collective::reduce_scatter, one_shot>();
-    case plan::rs_two_shot: return f.template operator()<collective::reduce_scatter, two_shot>();
-    case plan::ag_ring: return f.template operator()<collective::all_gather, ring>();
-    case plan::ag_one_shot: return f.template operator()<collective::all_gather, one_shot>();
-    case plan::bc_ring: return f.template operator()<collective::broadcast, ring>();
-    case plan::bc_tree: return f.template operator()<collective::broadcast, tree>();
-    case plan::bc_one_shot: return f.template operator()<collective::broadcast, one_shot>();
-    case plan::bc_multirail: return f.template operator()<collective::broadcast, multirail_broadcast>();
-    case plan::a2a_direct: return f.template operator()<collective::all_to_all, reccl::schedule::all_to_all>();
+    case plan::ar_ring: return with_plan<plan::ar_ring>(f);
+    case plan::ar_tree: return with_plan<plan::ar_tree>(f);
+    case plan::ar_one_shot: return with_plan<plan::ar_one_shot>(f);
+    case plan::ar_two_shot: return with_plan<plan::ar_two_shot>(f);
+    case plan::rs_ring: return with_plan<plan::rs_ring>(f);
+    case plan::rs_one_shot: return with_plan<plan::rs_one_shot>(f);
+    case plan::rs_two_shot: return with_plan<plan::rs_two_shot>(f);
+    case plan::ag_ring: return with_plan<plan::ag_ring>(f);
+    case plan::ag_one_shot: return with_plan<plan::ag_one_shot>(f);
+    case plan::bc_ring: return with_plan<plan::bc_ring>(f);
+    case plan::bc_tree: return with_plan<plan::bc_tree>(f);
+    case plan::bc_one_shot: return with_plan<plan::bc_one_shot>(f);
+    case plan::bc_multirail: return with_plan<plan::bc_multirail>(f);
+    case plan::a2a_direct: return with_plan<plan::a2a_direct>(f);
     case plan::a2a_one_shot:
-    default: return f.template operator()<collective::all_to_all, one_shot>();
+    default: return with_plan<plan::a2a_one_shot>(f);
   }
 }
 
