@@ -1,23 +1,18 @@
-// reccl/device/wait.hpp -- the one guarded wait of every reccl kernel, its deadline and the sticky
-// status word it reports into.
+// reccl/device/wait.hpp -- the device guards of the one guarded wait (spin_until.hpp): the lazy
+// deadline, the sticky status word a wait reports into, and the guards plain kernels use.
 //
-// Every spinning wait in reccl's device code -- flags, barriers, Lamport and LL slots, credits of
-// the rings, the adaptive loop's verdicts, a user kernel's waits through a device handle -- is
-// `spin_until(poll, guard, spins)`: it polls until `poll()` returns true, counts the polls that
-// failed (stall telemetry), and every `Guard::period` polls asks the guard whether to give up. The
-// guard decides what ends a wait early and what that means: a deadline recorded as a timeout on the
-// lane (`lane_guard`), a VT fault the adaptive loop recovers from, or an abort raised by another
-// warp or another rank.
-//
-// Memory order: spin_until adds none. `poll()` performs the acquire (e.g. ld.acquire.sys of a flag)
-// whose success makes the writer's earlier stores visible to the polling thread.
+// `spin_until(poll, guard, spins)` polls until `poll()` returns true, counts the polls that failed
+// (stall telemetry), and every `Guard::period` polls asks the guard whether to give up. The guard
+// decides what ends a wait early and what that means: a deadline recorded as a timeout on the lane
+// (`lane_guard`), a VT fault the adaptive loop recovers from (device/adaptive/hooks.hpp), a fault
+// word naming the peer and VT (handle/memory.hpp), or an abort raised by another warp or rank.
 #pragma once
 
-#include <concepts>
 #include <cstdint>
 
 #include "../types.hpp"
 #include "primitives.hpp"
+#include "spin_until.hpp"
 
 namespace reccl::device {
 
@@ -42,32 +37,6 @@ struct deadline_clock {
     return t > end;
   }
 };
-
-/// What ends a spinning wait without its condition. `begin()` is called when a wait starts,
-/// `give_up()` every `period` failed polls; true stops the wait (spin_until then returns false).
-template <class G>
-concept WaitGuard = requires(G g) {
-  { G::period } -> std::convertible_to<std::uint32_t>;
-  g.begin();
-  { g.give_up() } -> std::convertible_to<bool>;
-};
-
-/// The wait: poll until `poll()` is true (returns true) or the guard gives up (returns false).
-/// `spins` is incremented once per failed poll.
-template <class Poll, WaitGuard Guard>
-RECCL_DEVICE bool spin_until(Poll&& poll, Guard& guard, std::uint64_t& spins) {
-  guard.begin();
-  for (std::uint32_t k = 1;; ++k) {
-    if (poll()) return true;
-    ++spins;
-    if (k % Guard::period == 0 && guard.give_up()) return false;
-  }
-}
-template <class Poll, WaitGuard Guard>
-RECCL_DEVICE bool spin_until(Poll&& poll, Guard& guard) {
-  std::uint64_t spins = 0;
-  return spin_until(static_cast<Poll&&>(poll), guard, spins);
-}
 
 /// The plainest guard: give up at the deadline (nothing is recorded).
 struct deadline_guard {

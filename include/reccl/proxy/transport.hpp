@@ -217,22 +217,9 @@ struct proxy {
         return res;
       }
       std::uint64_t const* w = flags + layout.flag_index(vt, peer, f);
-      for (;;) {
-        if (reccl::proxy::load_acquire(w) >= value) return res;
-        // the queue's error word is across PCIe for a kernel: look every 32 polls, not every one
-        if (res.spins % 32 == 0) {
-          if (status const e = queues[vt].error(); e != status::ok) {
-            res.st = e;
-            return res;
-          }
-        }
-        ++res.spins;
-        reccl::proxy::relax();
-        if (reccl::proxy::clock_ns() >= deadline_ns) {
-          res.st = status::timeout;
-          return res;
-        }
-      }
+      flag_guard guard{queues[vt], deadline_ns};
+      if (!device::spin_until([&] { return reccl::proxy::load_acquire(w) >= value; }, guard, res.spins)) res.st = guard.st;
+      return res;
     }
 
     /// Waits until every request queued on VT vt so far has completed (its source bytes may be
@@ -246,6 +233,32 @@ struct proxy {
     RECCL_HOST_DEVICE status error(int vt) const { return queues[vt].error(); }
 
    private:
+    // A wait for a flag on the one guarded wait: after each failed poll back off, and give up at
+    // the deadline (status::timeout) or when the VT's queue holds an error. The queue's error word
+    // is across PCIe for a kernel: it is read every 32 failed polls, starting with the first.
+    struct flag_guard {
+      reccl::proxy::work_queue_view const& queue;
+      std::uint64_t deadline_ns;
+      status st = status::ok;
+      std::uint32_t polls = 0;
+      static constexpr std::uint32_t period = 1;
+      RECCL_HOST_DEVICE void begin() {}
+      RECCL_HOST_DEVICE bool give_up() {
+        if (polls++ % 32 == 0) {
+          if (status const e = queue.error(); e != status::ok) {
+            st = e;
+            return true;
+          }
+        }
+        reccl::proxy::relax();
+        if (reccl::proxy::clock_ns() >= deadline_ns) {
+          st = status::timeout;
+          return true;
+        }
+        return false;
+      }
+    };
+
     // Whether an inline put's peer, range in the receive area, size and source are valid.
     RECCL_HOST_DEVICE bool inline_ok(int peer, std::size_t offset, void const* src, std::size_t bytes) const {
       return peer >= 0 && peer < layout.nranks && offset <= layout.area_bytes && bytes <= layout.area_bytes - offset &&

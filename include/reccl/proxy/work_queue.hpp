@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "../config.hpp"
+#include "../device/spin_until.hpp"
 #include "../types.hpp"
 
 #include <atomic>
@@ -234,6 +235,19 @@ struct producer_cache {
 };
 static_assert(std::is_trivially_copyable_v<producer_cache>);
 
+/// The queue's waits (a full ring, a flush) on the one guarded wait: after each failed poll the
+/// producer backs off (relax()) and gives up at the absolute deadline on clock_ns(), the clock of
+/// the side it runs on. Its polls are atomics on mapped memory, so it looks at the clock every time.
+struct queue_guard {
+  std::uint64_t deadline_ns;
+  static constexpr std::uint32_t period = 1;
+  RECCL_HOST_DEVICE void begin() {}
+  RECCL_HOST_DEVICE bool give_up() {
+    relax();
+    return clock_ns() >= deadline_ns;
+  }
+};
+
 /// Outcome of a bounded push or flush: status::ok, status::timeout (deadline passed), or the
 /// queue's sticky error; spins = unsuccessful polls (stalls).
 struct push_result {
@@ -327,20 +341,19 @@ struct work_queue_view {
   /// stall, added to ctl->stalls. Nothing is written: publish(t, n) follows.
   RECCL_HOST_DEVICE push_result reserve(std::uint64_t n, std::uint64_t deadline_ns, std::uint64_t& t) const {
     push_result res;
-    for (;;) {
+    auto room = [&] {
       if (status const e = cached_or_queue_error(); e != status::ok) {
         res.st = e;
-        break;
+        return true;
       }
-      if (try_reserve(n, t)) break;
+      if (try_reserve(n, t)) return true;
       if (cache != nullptr) cache->error = static_cast<std::uint32_t>(get_error(&ctl->error));  // full: look at the queue's error
-      ++res.spins;
-      relax();
-      if (clock_ns() >= deadline_ns) {
-        fail(status::timeout);
-        res.st = status::timeout;
-        break;
-      }
+      return false;
+    };
+    queue_guard guard{deadline_ns};
+    if (!device::spin_until(room, guard, res.spins)) {
+      fail(status::timeout);
+      res.st = status::timeout;
     }
     if (res.spins != 0) store_relaxed(&ctl->stalls, load_relaxed(&ctl->stalls) + res.spins);
     return res;
@@ -357,19 +370,16 @@ struct work_queue_view {
   /// (status::timeout, not sticky) or the queue has an error. spins = unsuccessful polls.
   RECCL_HOST_DEVICE push_result wait_completed(std::uint64_t n, std::uint64_t deadline_ns) const {
     push_result res;
-    for (;;) {
-      if (load_acquire(&ctl->completed) >= n) break;
+    auto done = [&] {
+      if (load_acquire(&ctl->completed) >= n) return true;
       if (status const e = get_error(&ctl->error); e != status::ok) {
         res.st = e;
-        break;
+        return true;
       }
-      ++res.spins;
-      relax();
-      if (clock_ns() >= deadline_ns) {
-        res.st = status::timeout;
-        break;
-      }
-    }
+      return false;
+    };
+    queue_guard guard{deadline_ns};
+    if (!device::spin_until(done, guard, res.spins)) res.st = status::timeout;
     return res;
   }
   /// wait_completed(published(), deadline): everything pushed so far.
