@@ -6,6 +6,7 @@
 #include "../doctest_main.hpp"
 
 #include "p2p_world.hpp"
+#include "reccl/host/launch.hpp"
 
 using namespace p2p_test;
 
@@ -298,4 +299,36 @@ TEST_CASE("p2p handle: raise_everywhere from the host reaches every rank's fault
   long changed = 0;
   for (auto b : got) changed += b != poison_byte;
   CHECK_MESSAGE(changed == 0, changed << " bytes written by a collective on a failed communicator");
+}
+
+namespace {
+__global__ void count_ctas_kernel(unsigned* n) {
+  if (threadIdx.x == 0) atomicAdd(n, 1u);
+}
+}  // namespace
+
+TEST_CASE("launch_co_resident: grids that cannot all be resident with the other ranks' are refused before launch") {
+  REQUIRE_GPU();
+  auto const k = reinterpret_cast<void const*>(&count_ctas_kernel);
+  int const cap = reccl::co_resident_capacity(k, 256, 0);
+  REQUIRE(cap > 0);
+  device_counter<unsigned> launched;
+  int const ranks = 2, fits = cap / ranks;
+  reccl::launch_co_resident(&count_ctas_kernel, fits, 256, 0, nullptr, ranks, launched.p);
+  TEST_CK(cudaDeviceSynchronize());
+  CHECK(launched.get() == static_cast<unsigned>(fits));
+  std::string what;
+  try {
+    reccl::launch_co_resident(&count_ctas_kernel, fits + 1, 256, 0, nullptr, ranks, launched.p);
+  } catch (reccl::error const& e) {
+    what = e.what();
+    CHECK(e.code() == reccl::status::invalid_argument);
+  }
+  TEST_CK(cudaDeviceSynchronize());
+  CHECK(launched.get() == static_cast<unsigned>(fits));  // nothing launched
+  CHECK_MESSAGE(what.find("must be resident at once") != std::string::npos, what);
+  CHECK_MESSAGE(what.find(std::to_string(cap)) != std::string::npos, what);
+  // every composed collective checks its own grid: loopback ranks of one process share the GPU
+  world w(3);
+  CHECK(w.comms[0].ranks_sharing_device() == 3);
 }

@@ -22,6 +22,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -84,7 +85,9 @@ class p2p_communicator {
     for (int r = 0; r < nranks; ++r) {
       p2p_communicator c(r, cfg, L);
       c.loopback_ = mem;
-      for (int q = 0; q < nranks; ++q) c.h_.windows[q] = static_cast<char*>(mem->windows[static_cast<std::size_t>(q)]);
+      // check_config bounds nranks by the handle's array; the min says so to the compiler too
+      for (int q = 0; q < std::min(nranks, device::max_memory_ranks); ++q)
+        c.h_.windows[q] = static_cast<char*>(mem->windows[static_cast<std::size_t>(q)]);
       out.push_back(std::move(c));
     }
     return out;
@@ -93,6 +96,10 @@ class p2p_communicator {
   int rank() const { return h_.my_rank; }
   int size() const { return h_.layout.nranks; }
   int device() const { return dev_; }
+  /// Ranks of this process that share this GPU and run at once: all of them for loopback ranks, 1
+  /// otherwise (processes sharing a GPU take turns on it). A spinning kernel's grid times this must
+  /// be resident at once (host/launch.hpp).
+  int ranks_sharing_device() const { return loopback_ ? size() : 1; }
   p2p_config const& config() const { return cfg_; }
 
   /// The device handle (by value into kernels).

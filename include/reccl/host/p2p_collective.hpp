@@ -36,6 +36,7 @@
 #include "../policy/schedule/schedule.hpp"
 #include "../policy/telemetry/telemetry.hpp"
 #include "error.hpp"
+#include "launch.hpp"
 #include "p2p.hpp"
 
 namespace reccl {
@@ -134,6 +135,11 @@ gpu_call_result run_collective(p2p_communicator& comm, T const* send, T* recv, s
   if (count > 0 && recv == nullptr) reject(device::fault_cause::null_buffer, "receive buffer is null");
   if (reinterpret_cast<std::uintptr_t>(send) % alignof(T) != 0 || reinterpret_cast<std::uintptr_t>(recv) % alignof(T) != 0)
     reject(device::fault_cause::misaligned_buffer, "a buffer is not aligned to its element size");
+  // Every CTA of every rank on this GPU spins on the others: they must all be resident at once.
+  if (std::string const why = co_resident_problem(reinterpret_cast<void const*>(&device::plan_kernel<T, S>), o.n_vts * o.ctas_per_vt,
+                                                  device::plan_threads, 0, comm.ranks_sharing_device());
+      !why.empty())
+    reject(device::fault_cause::bad_argument, "n_vts x ctas_per_vt: " + why);
   shares sh = o.vt_shares ? *o.vt_shares : equal_shares(o.n_vts, all_live(o.n_vts));
   if (check(sh) != status::ok || sh.n_vts != o.n_vts) reject(device::fault_cause::bad_argument, "vt_shares is not a valid split of n_vts VTs");
   split const sp = to_split(sh, count, 1);
