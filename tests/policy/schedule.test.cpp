@@ -23,7 +23,7 @@
 #include <reccl/policy/schedule/all_to_all.hpp>
 #include <reccl/policy/schedule/multirail_broadcast.hpp>
 #include <reccl/policy/schedule/one_shot.hpp>
-#include <reccl/policy/schedule/replay.hpp>
+#include <reccl/testing/schedule_replay.hpp>
 #include <reccl/policy/schedule/ring.hpp>
 #include <reccl/policy/schedule/tree.hpp>
 #include <reccl/policy/schedule/two_shot.hpp>

@@ -1,4 +1,4 @@
-// Property tests of every schedule, run through the symbolic replay (reccl/policy/schedule/replay.hpp).
+// Property tests of every schedule, run through the symbolic replay (reccl/testing/schedule_replay.hpp).
 //
 // For each schedule x supported collective x rank count x element count, the plan is replayed over
 // a 1-VT split (the reference) and over three other splits, and every replay must show:
@@ -42,7 +42,7 @@
 #include <reccl/policy/schedule/all_to_all.hpp>
 #include <reccl/policy/schedule/multirail_broadcast.hpp>
 #include <reccl/policy/schedule/one_shot.hpp>
-#include <reccl/policy/schedule/replay.hpp>
+#include <reccl/testing/schedule_replay.hpp>
 #include <reccl/policy/schedule/ring.hpp>
 #include <reccl/policy/schedule/tree.hpp>
 #include <reccl/policy/schedule/two_shot.hpp>

@@ -1,4 +1,5 @@
-// reccl/policy/schedule/replay.hpp -- a host-only, sequential reference executor of any Schedule.
+// reccl/testing/schedule_replay.hpp -- a host-only, sequential reference executor of any Schedule:
+// the checker a schedule author (and reccl's own tests) runs a new schedule through. No engine uses it.
 //
 // replay runs a schedule's plan for N ranks over a given split of VT blocks exactly as the
 // execution model in schedule.hpp says, one VT after another, one step after another:
@@ -39,9 +40,9 @@
 #include <utility>
 #include <vector>
 
-#include "../../types.hpp"
-#include "../split.hpp"
-#include "schedule.hpp"
+#include "../types.hpp"
+#include "../policy/split.hpp"
+#include "../policy/schedule/schedule.hpp"
 
 namespace reccl::schedule {
 

@@ -1,9 +1,10 @@
 // reccl/policy/schedule/schedule.hpp -- the Schedule concept and the plan a schedule emits.
 //
 // A schedule is pure index arithmetic: for (rank, step) it lists the ops that rank performs on one
-// VT's block [begin, end) of the per-rank count. Every transport engine (the CPU engine, the
-// flow-level simulator, property tests) executes the same plan; the GPU kernels use the same
-// index functions directly.
+// VT's block [begin, end) of the per-rank count. The CPU engine, the GPU schedule agent
+// (device/agent/plan.hpp, behind collective_op on transport::p2p), the flow-level simulator and
+// the property tests (testing/schedule_replay.hpp) execute the same plan. The NVLink fast path's
+// own kernels (device/engine/) do not use it yet: docs/device-layer.md says which path runs what.
 //
 // Execution model (what every executor implements):
 //  * Each rank holds three buffers, each a whole number of `count`-element segments:
