@@ -13,8 +13,10 @@
 // instantiated (plan_kernel<T, Schedule>); telemetry::none compiles the stall counting away.
 //
 // The split: equal shares over `n_vts` VTs, or the caller's `vt_shares` (an Allocator's output, the
-// same on every rank). The per-VT stalls of the last calls are read with stalls(); closing the loop
-// on the GPU (device-side split and recovery) is the adaptive lane's (host/adaptive.hpp) for now.
+// same on every rank: e.g. `ar::allocator_type{}.update(prev, observations)` with observations every
+// rank agrees on). The call itself does not run the Allocator yet. The per-VT stalls of the last
+// calls are read with plan_stalls(); closing the loop on the GPU (device-side split and recovery)
+// is the adaptive lane's (host/adaptive.hpp) for now.
 //
 // Errors: a call that fails its host-side checks on one rank (null or misaligned buffer, bad root,
 // bad split, a schedule that rejects the parameters) writes the fault into every rank's window from

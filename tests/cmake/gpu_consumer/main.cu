@@ -1,6 +1,11 @@
 // An engine's view of reccl: its own collective type, composed at compile time from a schedule
 // (two-shot), the P2P transport, stall telemetry and the proportional allocator, run on two
 // loopback ranks of GPU 0 and checked. Without a GPU it exits 77 (built, not run).
+//
+// On transport::p2p the split is an Allocator's output passed with the call (every rank computes it
+// from the same observations, so every rank gets the same split); here the proportional allocator
+// sees VT 2 take twice as long and gives it half the bytes. The closed loop inside the call
+// (telemetry -> allocator on the device) is the adaptive lane's for now (docs/device-layer.md).
 #include <cuda_bf16.h>
 
 #include <cstdio>
@@ -33,7 +38,15 @@ int main() {
     RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream[r], cudaStreamNonBlocking));
   }
   RECCL_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads land before the non-blocking streams read
-  for (int r = 0; r < 2; ++r) all_reduce::run(comms[r], in[r], out[r], count, reccl::redop::sum, stream[r]);
+  reccl::vt_observation seen{};
+  seen.n_vts = 4;
+  seen.live_mask = reccl::all_live(4);
+  for (int v = 0; v < 4; ++v) seen.time[v] = v == 2 ? 200 : 100;
+  reccl::shares const split = all_reduce::allocator_type{}.update(reccl::equal_shares(4, reccl::all_live(4)), seen);
+  reccl::gpu_call_options options;
+  options.n_vts = 4;
+  options.vt_shares = &split;
+  for (int r = 0; r < 2; ++r) all_reduce::run(comms[r], in[r], out[r], count, reccl::redop::sum, stream[r], options);
   long wrong = 0;
   for (int r = 0; r < 2; ++r) {
     RECCL_CUDA_CHECK(cudaStreamSynchronize(stream[r]));
