@@ -1,75 +1,17 @@
 // The composed collectives' call behaviour on the P2P transport with loopback ranks
 // (tests/device/p2p_world.hpp):
-//  * VT splits (1, 3, 8 VTs × 1, 2 CTAs per VT, uneven shares) give identical bits, every plan;
 //  * graph capture: refused with a clear error before the first call, replayed with new inputs after;
 //  * bad input on one rank (null, misaligned, bad root, bad split): that rank throws, every other
 //    rank stops at once (well before its deadline) and its check() names the rank and the cause;
 //  * a rank that never calls: the others time out naming it.
-// Test suite "big": one 16 MiB case per schedule and one 256 MiB case per collective and width.
+// The VT splits and the big cases of each plan live with its correctness cases
+// (p2p_all_reduce, p2p_reduce_scatter_all_gather, p2p_broadcast_all_to_all), which instantiate it.
 #define CUDA_NO_HALF  // reccl::half, not cuda_fp16.h's global `half`
 #include "../doctest_main.hpp"
 
 #include "p2p_world.hpp"
 
 using namespace p2p_test;
-
-TEST_CASE("p2p loopback: VT splits give identical bits") {
-  REQUIRE_GPU();
-  int const n = 3;
-  world& w = world_of(n);
-  reccl::shares uneven{};
-  uneven.n_vts = 3;
-  uneven.live_mask = reccl::all_live(3);
-  uneven.w[0] = reccl::share_one / 10 * 6;
-  uneven.w[1] = reccl::share_one / 10;
-  uneven.w[2] = reccl::share_one - uneven.w[0] - uneven.w[1];
-  REQUIRE(reccl::check(uneven) == reccl::status::ok);
-  struct split_choice {
-    int vts, cpv;
-    reccl::shares const* sh;
-  };
-  split_choice const splits[] = {{1, 1, nullptr}, {1, 2, nullptr}, {3, 1, nullptr}, {3, 2, nullptr},
-                                 {8, 1, nullptr}, {8, 2, nullptr}, {3, 2, &uneven}};
-  for (int pi = 0; pi < reccl_test::n_plans; ++pi) {
-    plan const p = static_cast<plan>(pi);
-    reccl_test::with_plan(p, [&]<collective K, class S>() {
-      for (dtype t : {dtype::float32, dtype::bfloat16}) {
-        if (!reccl::reduces(K) && t != dtype::float32) continue;
-        reccl_test::with_dtype(t, [&]<class H>() {
-          std::mt19937_64 g(77 + pi);
-          std::uint64_t const count = (1u << 20) / sizeof(H) + 7;
-          redop const op = redop::sum;
-          auto const in = make_inputs<K, H>(n, count, op, g);
-          std::vector<std::vector<H>> first;
-          for (auto const& sc : splits) {
-            case_desc c;
-            c.count = count;
-            c.op = op;
-            c.root = 1;
-            c.opts.n_vts = sc.vts;
-            c.opts.ctas_per_vt = sc.cpv;
-            c.opts.vt_shares = sc.sh;
-            c.what = describe(p, t, op, n, count, 0) + " VTs " + std::to_string(sc.vts) + " x " + std::to_string(sc.cpv) +
-                     (sc.sh ? " CTAs, uneven shares" : " CTAs");
-            auto const got = run_gpu<K, S, H>(w, c, in);
-            if (first.empty()) {
-              first = got;
-              auto const ref = run_cpu<K, S, H>(n, c, in);
-              for (int r = 0; r < n; ++r)
-                CHECK_MESSAGE(first_bit_difference(got[static_cast<std::size_t>(r)], ref[static_cast<std::size_t>(r)]) == -1,
-                              c.what << " rank " << r << ": differs from the CPU engine");
-              continue;
-            }
-            for (int r = 0; r < n; ++r) {
-              long const d = first_bit_difference(got[static_cast<std::size_t>(r)], first[static_cast<std::size_t>(r)]);
-              CHECK_MESSAGE(d == -1, c.what << " rank " << r << ": bits differ from 1 VT x 1 CTA first at element " << d);
-            }
-          }
-        });
-      }
-    });
-  }
-}
 
 TEST_CASE("p2p loopback: graph capture and replay with new inputs") {
   REQUIRE_GPU();
@@ -273,47 +215,4 @@ TEST_CASE("p2p loopback: a rank that never calls times out, named by the others"
   missing_rank<collective::all_reduce, reccl::schedule::ring>(2);
   missing_rank<collective::all_reduce, reccl::schedule::one_shot>(3);
   missing_rank<collective::all_gather, reccl::schedule::one_shot>(4);
-}
-
-// ---- big cases ---------------------------------------------------------------------------------
-
-TEST_SUITE("big") {
-  TEST_CASE("p2p loopback: 16 MiB per schedule") {
-    REQUIRE_GPU();
-    plan const per_schedule[] = {plan::ar_ring, plan::ar_tree, plan::ar_one_shot, plan::ar_two_shot, plan::bc_multirail, plan::a2a_direct};
-    for (plan p : per_schedule) {
-      reccl_test::with_plan(p, [&]<collective K, class S>() {
-        int const n = 4;
-        std::mt19937_64 g(16 + static_cast<int>(p));
-        case_desc c;
-        c.count = (16u << 20) / sizeof(float) / (K == collective::all_to_all ? n : 1);
-        c.op = redop::sum;
-        c.opts.n_vts = 8;
-        c.opts.ctas_per_vt = 2;
-        c.what = describe(p, dtype::float32, c.op, n, c.count, 0) + " [16 MiB]";
-        check_case<K, S, float>(world_of(n), c, g);
-      });
-    }
-  }
-
-  TEST_CASE("p2p loopback: 256 MiB per collective and element width") {
-    REQUIRE_GPU();
-    plan const per_collective[] = {plan::ar_ring, plan::rs_ring, plan::ag_ring, plan::bc_ring, plan::a2a_one_shot};
-    for (plan p : per_collective) {
-      reccl_test::with_plan(p, [&]<collective K, class S>() {
-        for (dtype t : {dtype::bfloat16, dtype::float32, dtype::float64}) {
-          reccl_test::with_dtype(t, [&]<class H>() {
-            int const n = 2;
-            std::mt19937_64 g(256 + static_cast<int>(p));
-            case_desc c;
-            c.count = (256ull << 20) / sizeof(H) / (K == collective::reduce_scatter || K == collective::all_to_all ? n : 1);
-            c.op = redop::sum;
-            c.opts.n_vts = 8;
-            c.what = describe(p, t, c.op, n, c.count, 0) + " [256 MiB]";
-            check_case<K, S, H>(world_of(n), c, g);
-          });
-        }
-      });
-    }
-  }
 }

@@ -300,4 +300,99 @@ void correctness() {
   });
 }
 
+/// VT splits (1, 3, 8 VTs x 1, 2 CTAs per VT, uneven shares) of plan P give identical bits (fp32,
+/// and bf16 where it reduces), and the first of them is the CPU engine's. 3 ranks.
+template <plan P>
+void vt_splits() {
+  plan const p = P;
+  int const n = 3;
+  world& w = world_of(n);
+  static reccl::shares uneven{};
+  uneven.n_vts = 3;
+  uneven.live_mask = reccl::all_live(3);
+  uneven.w[0] = reccl::share_one / 10 * 6;
+  uneven.w[1] = reccl::share_one / 10;
+  uneven.w[2] = reccl::share_one - uneven.w[0] - uneven.w[1];
+  REQUIRE(reccl::check(uneven) == reccl::status::ok);
+  struct split_choice {
+    int vts, cpv;
+    reccl::shares const* sh;
+  };
+  split_choice const splits[] = {{1, 1, nullptr}, {1, 2, nullptr}, {3, 1, nullptr}, {3, 2, nullptr},
+                                 {8, 1, nullptr}, {8, 2, nullptr}, {3, 2, &uneven}};
+  reccl_test::with_plan<P>([&]<collective K, class S>() {
+    for (dtype t : {dtype::float32, dtype::bfloat16}) {
+      if (!reccl::reduces(K) && t != dtype::float32) continue;
+      reccl_test::with_dtype(t, [&]<class H>() {
+        std::mt19937_64 g(77 + static_cast<int>(p));
+        std::uint64_t const count = (1u << 20) / sizeof(H) + 7;
+        redop const op = redop::sum;
+        auto const in = make_inputs<K, H>(n, count, op, g);
+        std::vector<std::vector<H>> first;
+        for (auto const& sc : splits) {
+          case_desc c;
+          c.count = count;
+          c.op = op;
+          c.root = 1;
+          c.opts.n_vts = sc.vts;
+          c.opts.ctas_per_vt = sc.cpv;
+          c.opts.vt_shares = sc.sh;
+          c.what = describe(p, t, op, n, count, 0) + " VTs " + std::to_string(sc.vts) + " x " + std::to_string(sc.cpv) +
+                   (sc.sh ? " CTAs, uneven shares" : " CTAs");
+          auto const got = run_gpu<K, S, H>(w, c, in);
+          if (first.empty()) {
+            first = got;
+            auto const ref = run_cpu<K, S, H>(n, c, in);
+            for (int r = 0; r < n; ++r)
+              CHECK_MESSAGE(first_bit_difference(got[static_cast<std::size_t>(r)], ref[static_cast<std::size_t>(r)]) == -1,
+                            c.what << " rank " << r << ": differs from the CPU engine");
+            continue;
+          }
+          for (int r = 0; r < n; ++r) {
+            long const d = first_bit_difference(got[static_cast<std::size_t>(r)], first[static_cast<std::size_t>(r)]);
+            CHECK_MESSAGE(d == -1, c.what << " rank " << r << ": bits differ from 1 VT x 1 CTA first at element " << d);
+          }
+        }
+      });
+    }
+  });
+}
+
+/// One 16 MiB fp32 case of plan P on 4 ranks, 8 VTs x 2 CTAs (the "big" suite).
+template <plan P>
+void big_16mib() {
+  plan const p = P;
+  reccl_test::with_plan<P>([&]<collective K, class S>() {
+    int const n = 4;
+    std::mt19937_64 g(16 + static_cast<int>(p));
+    case_desc c;
+    c.count = (16u << 20) / sizeof(float) / (K == collective::all_to_all ? n : 1);
+    c.op = redop::sum;
+    c.opts.n_vts = 8;
+    c.opts.ctas_per_vt = 2;
+    c.what = describe(p, dtype::float32, c.op, n, c.count, 0) + " [16 MiB]";
+    check_case<K, S, float>(world_of(n), c, g);
+  });
+}
+
+/// 256 MiB of plan P on 2 ranks, one case per element width (bf16, fp32, fp64; the "big" suite).
+template <plan P>
+void big_256mib() {
+  plan const p = P;
+  reccl_test::with_plan<P>([&]<collective K, class S>() {
+    for (dtype t : {dtype::bfloat16, dtype::float32, dtype::float64}) {
+      reccl_test::with_dtype(t, [&]<class H>() {
+        int const n = 2;
+        std::mt19937_64 g(256 + static_cast<int>(p));
+        case_desc c;
+        c.count = (256ull << 20) / sizeof(H) / (K == collective::reduce_scatter || K == collective::all_to_all ? n : 1);
+        c.op = redop::sum;
+        c.opts.n_vts = 8;
+        c.what = describe(p, t, c.op, n, c.count, 0) + " [256 MiB]";
+        check_case<K, S, H>(world_of(n), c, g);
+      });
+    }
+  });
+}
+
 }  // namespace p2p_test
