@@ -8,6 +8,8 @@
 // (bench/gpu.sh ab) and compare the medians.
 //
 //   reccl_loopback_perf --ranks 2 --bytes 4096,262144,4194304 --reps 20 --json out.json
+//   reccl_loopback_perf --colls all_reduce --bytes 1024,4096 --ctas 0,1,2,4 --algo one_shot --pdl 0
+//     (a CTA sweep of one algorithm, launched with or without programmatic dependent launch)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +30,7 @@ struct config {
   reccl::collective coll;
   std::size_t bytes;  ///< of each rank's input (all-gather: per rank; reduce-scatter/all-to-all: whole)
   bool registered;
+  reccl::launch_options launch{};  ///< algorithm and CTA count (0: the tuning table's)
 };
 
 /// Calls per graph: enough to hide the launch at small sizes, few at large ones.
@@ -63,11 +66,11 @@ double run_one(std::vector<reccl::nvlink_communicator>& comms, config const& c, 
   auto issue = [&](int r) {
     auto& cm = comms[static_cast<std::size_t>(r)];
     switch (c.coll) {
-      case reccl::collective::all_reduce: cm.all_reduce(in[r], out[r], count, reccl::dtype::bfloat16, reccl::redop::sum, st[r]); break;
-      case reccl::collective::reduce_scatter: cm.reduce_scatter(in[r], out[r], count, reccl::dtype::bfloat16, reccl::redop::sum, st[r]); break;
-      case reccl::collective::all_gather: cm.all_gather(in[r], out[r], count, reccl::dtype::bfloat16, st[r]); break;
-      case reccl::collective::broadcast: cm.broadcast(in[r], out[r], count, reccl::dtype::bfloat16, 0, st[r]); break;
-      case reccl::collective::all_to_all: cm.all_to_all(in[r], out[r], count, reccl::dtype::bfloat16, st[r]); break;
+      case reccl::collective::all_reduce: cm.all_reduce(in[r], out[r], count, reccl::dtype::bfloat16, reccl::redop::sum, st[r], c.launch); break;
+      case reccl::collective::reduce_scatter: cm.reduce_scatter(in[r], out[r], count, reccl::dtype::bfloat16, reccl::redop::sum, st[r], c.launch); break;
+      case reccl::collective::all_gather: cm.all_gather(in[r], out[r], count, reccl::dtype::bfloat16, st[r], c.launch); break;
+      case reccl::collective::broadcast: cm.broadcast(in[r], out[r], count, reccl::dtype::bfloat16, 0, st[r], c.launch); break;
+      case reccl::collective::all_to_all: cm.all_to_all(in[r], out[r], count, reccl::dtype::bfloat16, st[r], c.launch); break;
     }
   };
   int const iters = iters_for(c.bytes);
@@ -131,19 +134,30 @@ int main(int argc, char** argv) {
   int ranks = 2, reps = 20;
   std::vector<std::size_t> sizes{4096, 262144, 4u << 20, 64u << 20, 256u << 20};
   std::vector<std::string> colls{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"};
-  std::string json_path, label = "run";
+  std::vector<int> ctas{0};
+  std::string json_path, label = "run", algo = "automatic";
+  bool pdl = true;
   app.add_option("--ranks", ranks, "loopback ranks")->check(CLI::Range(2, 8));
   app.add_option("--bytes", sizes, "input bytes per rank")->delimiter(',');
   app.add_option("--colls", colls, "collectives")->delimiter(',');
   app.add_option("--reps", reps, "graph replays per configuration (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--json", json_path, "write every replay's time here");
   app.add_option("--label", label, "a name for this binary in the JSON (e.g. its commit)");
+  app.add_option("--ctas", ctas, "CTA counts to sweep (0: the tuning table's)")->delimiter(',');
+  app.add_option("--algo", algo, "algorithm")->check(CLI::IsMember({"automatic", "one_shot", "pipelined", "two_shot", "direct"}));
+  app.add_option("--pdl", pdl, "programmatic dependent launch (1) or plain launches (0)");
   CLI11_PARSE(app, argc, argv);
 
   reccl::nvlink_config cfg;
+  cfg.pdl = pdl;
+  reccl::algorithm const al = algo == "one_shot"    ? reccl::algorithm::one_shot
+                              : algo == "pipelined" ? reccl::algorithm::pipelined
+                              : algo == "two_shot"  ? reccl::algorithm::two_shot
+                              : algo == "direct"    ? reccl::algorithm::direct
+                                                    : reccl::algorithm::automatic;
   auto comms = reccl::nvlink_communicator::create_loopback(ranks, 0, cfg);
-  nlohmann::json out = {{"label", label}, {"ranks", ranks}, {"dtype", "bf16"}, {"results", nlohmann::json::array()}};
-  std::printf("%-15s %12s %5s %12s\n", "collective", "bytes", "reg", "us/call");
+  nlohmann::json out = {{"label", label}, {"ranks", ranks}, {"dtype", "bf16"}, {"algo", algo}, {"pdl", pdl}, {"results", nlohmann::json::array()}};
+  std::printf("%-15s %12s %5s %5s %12s\n", "collective", "bytes", "reg", "ctas", "us/call");
   for (auto const& name : colls) {
     reccl::collective c = reccl::collective::all_reduce;
     if (name == "reduce_scatter") c = reccl::collective::reduce_scatter;
@@ -155,12 +169,24 @@ int main(int argc, char** argv) {
       return 2;
     }
     for (std::size_t b : sizes)
-      for (bool reg : {false, true}) {
-        std::vector<double> all;
-        double const med = run_one(comms, {c, b, reg}, reps, all);
-        std::printf("%-15s %12zu %5s %12.2f\n", name.c_str(), b, reg ? "yes" : "no", med);
-        out["results"].push_back({{"collective", name}, {"bytes", b}, {"registered", reg}, {"median_us", med}, {"us", all}});
-      }
+      for (int k : ctas)
+        for (bool reg : {false, true}) {
+          config cf{c, b, reg};
+          cf.launch.algo = al;
+          cf.launch.ctas = k;
+          std::vector<double> all;
+          double med = 0;
+          try {
+            med = run_one(comms, cf, reps, all);
+          } catch (reccl::error const& e) {  // e.g. a CTA count the algorithm refuses at this size
+            std::printf("%-15s %12zu %5s %5d   refused: %s\n", name.c_str(), b, reg ? "yes" : "no", k, e.what());
+            continue;
+          }
+          std::printf("%-15s %12zu %5s %5d %12.2f\n", name.c_str(), b, reg ? "yes" : "no", k, med);
+          nlohmann::json row = {{"collective", name}, {"bytes", b}, {"registered", reg}, {"median_us", med}, {"us", all}};
+          if (k != 0) row["ctas"] = k;
+          out["results"].push_back(row);
+        }
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
   return 0;
