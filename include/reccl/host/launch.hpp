@@ -17,11 +17,31 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "../error.hpp"
 #include "error.hpp"
 
 namespace reccl {
+
+/// Loads `kernel`'s module on the current GPU now, if CUDA loads modules lazily (the default since
+/// CUDA 12.2). A lazy load happens at a kernel's first launch and waits for the kernels already
+/// running on the GPU; when one of those spins until this thread's next call (loopback ranks issue
+/// their calls from one thread), it waits until that kernel's deadline. So every kernel a call may
+/// launch is loaded before the call launches its first. Cached per (kernel, device): after the
+/// first call this is a lookup.
+inline void load_kernel(void const* kernel) {
+  int dev = 0;
+  RECCL_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex m;
+  static std::map<std::pair<void const*, int>, bool> loaded;
+  std::lock_guard<std::mutex> lock(m);
+  auto& done = loaded[{kernel, dev}];
+  if (done) return;
+  cudaFuncAttributes fa{};
+  RECCL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));  // loads the kernel's module on this GPU
+  done = true;
+}
 
 /// How many CTAs of `kernel` (with `threads` per CTA and `smem` bytes of dynamic shared memory)
 /// the current device holds at once: per SM (CUDA's occupancy calculator) times its SMs. Cached
@@ -60,12 +80,14 @@ inline void require_co_resident(void const* kernel, int grid, int threads, std::
     throw error(status::invalid_argument, what + ": " + p, rank);
 }
 
-/// Launches `kernel<<<grid, threads, smem, stream>>>(args...)` after require_co_resident. For
+/// Launches `kernel<<<grid, threads, smem, stream>>>(args...)` after load_kernel and
+/// require_co_resident. For
 /// users' kernels on a device handle; `ranks_here` is how many ranks of this process share the GPU
 /// (p2p_communicator::ranks_sharing_device()).
 template <class... Params, class... Args>
 void launch_co_resident(void (*kernel)(Params...), int grid, int threads, std::size_t smem, cudaStream_t stream, int ranks_here,
                         Args&&... args) {
+  load_kernel(reinterpret_cast<void const*>(kernel));
   require_co_resident(reinterpret_cast<void const*>(kernel), grid, threads, smem, ranks_here, "launch_co_resident");
   kernel<<<grid, threads, smem, stream>>>(static_cast<Args&&>(args)...);
   RECCL_CUDA_CHECK(cudaGetLastError());

@@ -36,6 +36,7 @@
 #include "../proxy/rank_exchange.hpp"
 #include "error.hpp"
 #include "ipc_windows.hpp"
+#include "launch.hpp"
 
 namespace reccl {
 
@@ -173,6 +174,8 @@ class p2p_communicator {
 
   p2p_communicator(int rank, p2p_config const& cfg, device::memory_layout const& L) : cfg_(cfg) {
     RECCL_CUDA_CHECK(cudaGetDevice(&dev_));
+    // raise_everywhere runs while peers' kernels spin: its kernel must not be loaded lazily then
+    load_kernel(reinterpret_cast<void const*>(&detail::raise_everywhere_kernel));
     h_.layout = L;
     h_.my_rank = rank;
     h_.timeout_ns = cfg.timeout_ns;

@@ -137,6 +137,9 @@ gpu_call_result run_collective(p2p_communicator& comm, T const* send, T* recv, s
   if (count > 0 && recv == nullptr) reject(device::fault_cause::null_buffer, "receive buffer is null");
   if (reinterpret_cast<std::uintptr_t>(send) % alignof(T) != 0 || reinterpret_cast<std::uintptr_t>(recv) % alignof(T) != 0)
     reject(device::fault_cause::misaligned_buffer, "a buffer is not aligned to its element size");
+  // Every kernel this call may launch is loaded before the first launch (host/launch.hpp).
+  load_kernel(reinterpret_cast<void const*>(&device::plan_kernel<T, S>));
+  if (reduces(Kind) && op == redop::avg) load_kernel(reinterpret_cast<void const*>(&detail::plan_average_kernel<T>));
   // Every CTA of every rank on this GPU spins on the others: they must all be resident at once.
   if (std::string const why = co_resident_problem(reinterpret_cast<void const*>(&device::plan_kernel<T, S>), o.n_vts * o.ctas_per_vt,
                                                   device::plan_threads, 0, comm.ranks_sharing_device());
