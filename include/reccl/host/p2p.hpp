@@ -160,7 +160,7 @@ class p2p_communicator {
   }
   /// Record `f` in every rank's window, in stream order (capturable).
   void raise_everywhere(device::fault const& f, cudaStream_t stream) const {
-    detail::raise_everywhere_kernel<<<1, 1, 0, stream>>>(h_, f);
+    detail::raise_everywhere_kernel<0><<<1, 1, 0, stream>>>(h_, f);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -175,7 +175,7 @@ class p2p_communicator {
   p2p_communicator(int rank, p2p_config const& cfg, device::memory_layout const& L) : cfg_(cfg) {
     RECCL_CUDA_CHECK(cudaGetDevice(&dev_));
     // raise_everywhere runs while peers' kernels spin: its kernel must not be loaded lazily then
-    load_kernel(reinterpret_cast<void const*>(&detail::raise_everywhere_kernel));
+    load_kernel(reinterpret_cast<void const*>(&detail::raise_everywhere_kernel<0>));
     h_.layout = L;
     h_.my_rank = rank;
     h_.timeout_ns = cfg.timeout_ns;
