@@ -29,6 +29,11 @@
 // say nothing about NVLink. Ranks' kernels must run concurrently: each rank needs its own stream,
 // PDL is off, and max_ctas is capped at SMs / N so that every rank's grid is resident at once.
 //
+// Where the pieces live: nvlink/config.hpp (nvlink_config, launch_options), nvlink/planner.hpp (a
+// call's host-side checks and its plan), nvlink/registry.hpp (registered buffers),
+// nvlink/setup_kernels.hpp (window resolution, slot poisoning, the hello handshake), call_digest.hpp
+// (the digest ranks compare); this file holds the communicator's lifetime and its API.
+//
 // Teardown (destructor): device synchronise -> ncclDevCommDestroy -> deregister each window ->
 // ncclMemFree (loopback: cudaFree). Destroy the reccl communicator before ncclCommFinalize/ncclCommDestroy of the NCCL
 // communicator it was built on, and only once no rank still runs a collective on it.
@@ -45,90 +50,18 @@
 
 #include "../config.hpp"
 #include "../device/launch.hpp"
-#include "../policy/allocator/allocator.hpp"
 #include "../policy/split.hpp"
 #include "../types.hpp"
+#include "call_digest.hpp"
 #include "error.hpp"
 #include "nccl.hpp"
+#include "nvlink/config.hpp"
+#include "nvlink/planner.hpp"
+#include "nvlink/registry.hpp"
+#include "nvlink/setup_kernels.hpp"
 #include "tuning.hpp"
 
 namespace reccl {
-
-/// Sizes and behaviour fixed at creation. Every field except `timeout_ns` and `pdl` must be equal on
-/// all ranks (checked by the hello handshake).
-struct nvlink_config {
-  std::int32_t lanes = 2;                  ///< independent flag/slot sets (concurrent streams)
-  std::int32_t max_ctas = 128;             ///< largest grid of any collective (<= SMs: CTAs pair by index)
-  std::int32_t one_shot_slot_bytes = 32 << 10;
-  std::int32_t ring_chunk_bytes = 32 << 10;
-  std::int32_t ring_depth = 4;
-  // Scratch memory per lane = 2 * ranks * max_ctas * (16 + one_shot_slot_bytes)
-  //                         + ranks * max_ctas * 8 * ring_depth * (16 + ring_chunk_bytes) + flags;
-  // with the defaults and 2 ranks about 264 MiB per lane. Smaller values cap the largest grids and
-  // chunks that the tuning table may pick (choose() clamps to them).
-  std::uint64_t timeout_ns = 10'000'000'000ull;  ///< every device-side wait gives up after this
-  bool pdl = true;                          ///< programmatic dependent launch
-  tuning tune{};
-};
-
-/// Per-call choices; the defaults let the tuning table decide.
-struct launch_options {
-  algorithm algo = algorithm::automatic;
-  std::int32_t lane = 0;
-  std::int32_t ctas = 0;         ///< 0: from the table
-  std::int32_t vts = 0;          ///< 0: from the table
-  std::int32_t chunk_bytes = 0;  ///< pipelined ring chunk; 0: from the table
-  split const* vt_split = nullptr;  ///< explicit byte split (an Allocator's output); sum must equal the count
-};
-
-class nvlink_communicator;
-
-namespace detail {
-
-inline std::uint32_t fnv1a(void const* data, std::size_t bytes, std::uint32_t h = 2166136261u) {
-  auto const* p = static_cast<unsigned char const*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
-template <class T> std::uint32_t fnv_add(std::uint32_t h, T const& v) { return fnv1a(&v, sizeof(T), h); }
-
-template <int Unused = 0>
-__global__ void resolve_lsa_kernel(ncclWindow_t win, int n, void** out) {
-  int const p = static_cast<int>(threadIdx.x);
-  if (p < n) out[p] = ncclGetLsaPointer(win, 0, p);
-}
-
-template <int Unused = 0>
-__global__ void poison_kernel(std::uint32_t* p, std::uint64_t words) {
-  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < words;
-       i += std::uint64_t(gridDim.x) * blockDim.x)
-    p[i] = device::lamport_sentinel;
-}
-
-/// Each rank writes `token` into every peer's hello word for it, then waits for every peer's.
-template <int Unused = 0>
-__global__ void hello_kernel(device::lsa_view v, std::uint64_t token, std::uint64_t timeout_ns, std::uint32_t* result) {
-  int const t = static_cast<int>(threadIdx.x);
-  if (t >= v.nranks || t == v.rank) return;
-  device::store_release_sys(reinterpret_cast<std::uint64_t*>(v.scratch[t]) + v.rank, token);
-  std::uint64_t const* mine = reinterpret_cast<std::uint64_t const*>(v.scratch[v.rank]) + t;
-  device::deadline_guard g{device::deadline_clock(timeout_ns)};  // no lane yet: the deadline alone
-  std::uint64_t got = 0;
-  if (!device::spin_until([&] { return (got = device::load_acquire_sys(mine)) != 0; }, g)) {
-    atomicCAS(result, 0u, static_cast<std::uint32_t>(status::timeout));
-  } else if (got != token) {
-    atomicCAS(result, 0u, static_cast<std::uint32_t>(status::mismatch));
-  }
-}
-
-struct registered_buffer {
-  char* base = nullptr;
-  std::size_t bytes = 0;
-  ncclWindow_t win = nullptr;
-  char* peers[device::max_lsa] = {};
-};
-
-}  // namespace detail
 
 /// reccl's communicator for one rank on one GPU (see the file comment).
 class nvlink_communicator {
@@ -145,7 +78,7 @@ class nvlink_communicator {
   /// Build one communicator per element of `comms` from one thread (one process driving several
   /// GPUs; NCCL's collective setup calls are grouped). With a single element it is create().
   static std::vector<nvlink_communicator> create_all(std::vector<ncclComm_t> const& comms, nvlink_config const& cfg = {}) {
-    check_config(cfg);
+    detail::check_config(cfg);
     std::vector<nvlink_communicator> out;
     out.reserve(comms.size());
     for (ncclComm_t c : comms) out.push_back(nvlink_communicator(c, cfg));
@@ -196,7 +129,7 @@ class nvlink_communicator {
     if (cap < 1) throw error(status::invalid_argument, "create_loopback: fewer SMs than ranks");
     if (cfg.max_ctas > cap) cfg.max_ctas = cap;
     cfg.pdl = false;
-    check_config(cfg);
+    detail::check_config(cfg);
     std::vector<nvlink_communicator> out;
     out.reserve(static_cast<std::size_t>(nranks));
     for (int r = 0; r < nranks; ++r) out.push_back(nvlink_communicator(r, nranks, device, cfg));
@@ -277,12 +210,12 @@ class nvlink_communicator {
   }
 
   /// True when [p, p+bytes) lies inside one buffer from allocate().
-  bool is_registered(void const* p, std::size_t bytes) const { return find(p, bytes) != nullptr; }
+  bool is_registered(void const* p, std::size_t bytes) const { return detail::find_registered(s_->buffers, p, bytes) != nullptr; }
 
   /// The address through which this GPU reaches rank `r`'s copy of registered memory `p` (same
   /// offset inside the buffer), for user kernels that talk to peers directly.
   void* peer_pointer(void const* p, int r) const {
-    auto const* b = find(p, 1);
+    auto const* b = detail::find_registered(s_->buffers, p, 1);
     if (b == nullptr || r < 0 || r >= s_->nranks)
       throw error(status::invalid_argument, "peer_pointer: not registered memory, or rank out of range");
     return b->peers[r] + (static_cast<char const*>(p) - b->base);
@@ -319,7 +252,7 @@ class nvlink_communicator {
   /// The plan a call with these arguments would run (the same on every rank).
   plan plan_for(collective c, void const* in, void const* out, std::size_t count, dtype t,
                 launch_options const& o = {}) const {
-    return choose(c, in, out, count, t, o);
+    return planner().choose(c, in, out, count, t, o);
   }
 
   // ---- status and telemetry --------------------------------------------------------------------
@@ -412,18 +345,6 @@ class nvlink_communicator {
       if (prev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(prev));
     }
   };
-
-  static void check_config(nvlink_config const& c) {
-    auto bad = [](char const* what) { throw error(status::invalid_argument, std::string("nvlink_config: ") + what); };
-    if (c.lanes < 1 || c.lanes > 64) bad("lanes must be in [1, 64]");
-    if (c.max_ctas < 1 || c.max_ctas > 256) bad("max_ctas must be in [1, 256]");
-    if (c.one_shot_slot_bytes < 16 || c.one_shot_slot_bytes % 16 != 0 ||
-        c.one_shot_slot_bytes > 16 * device::cta_threads * device::one_shot_unroll)
-      bad("one_shot_slot_bytes must be a multiple of 16, at most 16 * threads * unroll");
-    if (c.ring_chunk_bytes < 512 || c.ring_chunk_bytes % 512 != 0) bad("ring_chunk_bytes must be a multiple of 512");
-    if (c.ring_depth < 2) bad("ring_depth must be >= 2");
-    if (c.timeout_ns == 0) bad("timeout_ns must be > 0");
-  }
 
   nvlink_communicator(ncclComm_t comm, nvlink_config const& cfg) : s_(std::make_unique<state>()) {
     if (comm == nullptr) throw error(status::invalid_argument, "null NCCL communicator");
@@ -538,22 +459,9 @@ class nvlink_communicator {
     resolve(s_->scratch_win, s_->scratch_peers);
   }
 
-  std::uint64_t hello_token() const {
-    nvlink_config const& c = s_->cfg;
-    std::uint32_t h = 2166136261u;
-    h = detail::fnv_add(h, s_->nranks);
-    h = detail::fnv_add(h, c.lanes);
-    h = detail::fnv_add(h, c.max_ctas);
-    h = detail::fnv_add(h, c.one_shot_slot_bytes);
-    h = detail::fnv_add(h, c.ring_chunk_bytes);
-    h = detail::fnv_add(h, c.ring_depth);
-    h = detail::fnv_add(h, c.tune);
-    return (static_cast<std::uint64_t>(h) << 1) | 1u;  // never 0
-  }
-
   void launch_hello() {
     set_device();
-    detail::hello_kernel<<<1, 32>>>(view(0), hello_token(), s_->cfg.timeout_ns, s_->hello_result);
+    detail::hello_kernel<<<1, 32>>>(view(0), detail::hello_token(s_->nranks, s_->cfg), s_->cfg.timeout_ns, s_->hello_result);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
   void collect_hello() {
@@ -576,172 +484,10 @@ class nvlink_communicator {
     return v;
   }
 
-  void check_lane(int lane) const {
-    if (lane < 0 || lane >= s_->cfg.lanes)
-      throw error(status::invalid_argument, "lane " + std::to_string(lane) + " outside [0, " + std::to_string(s_->cfg.lanes) + ")");
-  }
+  void check_lane(int lane) const { planner().check_lane(lane); }
 
-  detail::registered_buffer const* find(void const* p, std::size_t bytes) const {
-    auto const* c = static_cast<char const*>(p);
-    for (auto const& b : s_->buffers)
-      if (c >= b.base && c + bytes <= b.base + b.bytes) return &b;
-    return nullptr;
-  }
-
-  struct shape {
-    int in_segments, out_segments;
-    std::uint64_t bytes;  // nccl-tests message size
-  };
-  shape shape_of(collective c, std::size_t count, dtype t) const {
-    device::pattern const P = device::make_pattern(c, s_->rank, s_->nranks, 0);
-    std::uint64_t const seg = static_cast<std::uint64_t>(count) * size_of(t);
-    std::uint64_t const bytes = c == collective::reduce_scatter ? seg * P.in_segments : seg * P.out_segments;
-    return {P.in_segments, P.out_segments, bytes};
-  }
-
-  /// Largest pack count any CTA gets (one-shot slot capacity check).
-  static std::uint64_t max_cta_packs(split const& sp, int ctas_per_vt, int grid, int v) {
-    std::uint64_t m = 0;
-    for (int c = 0; c < grid; ++c) {
-      std::uint64_t const np = device::packs_of(device::cta_range(sp, ctas_per_vt, c, v), v).size();
-      m = np > m ? np : m;
-    }
-    return m;
-  }
-
-  plan choose(collective c, void const* in, void const* out, std::size_t count, dtype t, launch_options const& o,
-              split* sp_out = nullptr) const {
-    nvlink_config const& cfg = s_->cfg;
-    tuning const& tu = cfg.tune;
-    shape const sh = shape_of(c, count, t);
-    std::uint64_t const seg = static_cast<std::uint64_t>(count) * size_of(t);
-    bool const registered = zero_copy_ready(c, in, out, seg, sh);
-    bool const in_place = is_in_place(c, in, out, seg);
-    bool const lamport = reduces(c) && (t == dtype::float32 || t == dtype::float16 || t == dtype::bfloat16);
-    int const V = t == dtype::float16 || t == dtype::bfloat16 ? 8 : t == dtype::float64 || t == dtype::int64 ? 2 : 4;
-    int const Vb = reduces(c) ? V : 16;  // copying collectives move raw bytes
-    std::uint64_t const units = reduces(c) ? count : seg;  // what the kernel's split counts
-
-    plan p;
-    p.algo = o.algo;
-    if (p.algo == algorithm::automatic) {
-      // broadcast stays on the paths validated on GPUs so far (its one-shot pairs headers both ways
-      // so the root cannot run ahead; that variant has not been run on a GPU yet)
-      if (sh.bytes <= (lamport ? tu.one_shot_max_bytes : tu.ll_max_bytes) && c != collective::broadcast)
-        p.algo = algorithm::one_shot;
-      else if (registered)
-        p.algo = c == collective::all_reduce ? algorithm::two_shot : algorithm::direct;
-      else
-        p.algo = algorithm::pipelined;
-    }
-    // validity of the (possibly explicit) algorithm
-    switch (p.algo) {
-      case algorithm::one_shot: break;
-      case algorithm::two_shot:
-        if (c != collective::all_reduce) throw error(status::invalid_argument, "two_shot is an all_reduce algorithm");
-        [[fallthrough]];
-      case algorithm::direct:
-        if (!registered)
-          throw error(status::invalid_argument, std::string(device::name(p.algo)) +
-                                                    " needs buffers from allocate() (registered symmetric windows)");
-        if (p.algo == algorithm::direct && c == collective::all_reduce && in_place)
-          throw error(status::invalid_argument, "direct all_reduce is out-of-place only (use two_shot)");
-        break;
-      case algorithm::pipelined: break;
-      case algorithm::automatic: break;
-    }
-
-    // geometry
-    int grid = o.ctas;
-    int chunk = o.chunk_bytes;
-    if (p.algo == algorithm::one_shot) {
-      if (grid == 0) {
-        std::uint64_t const per = static_cast<std::uint64_t>(tu.one_shot_bytes_per_cta);
-        grid = static_cast<int>((sh.bytes + per - 1) / per);
-      }
-    } else if (p.algo == algorithm::pipelined) {
-      tune_row const& r = row_for(tu.pipelined, sh.bytes);
-      if (grid == 0) grid = r.ctas;
-      if (chunk == 0) chunk = r.chunk_bytes;
-    } else {
-      if (grid == 0) grid = row_for(tu.zero_copy, sh.bytes).ctas;
-    }
-    if (grid < 1) grid = 1;
-    if (grid > cfg.max_ctas) {
-      if (o.ctas != 0) throw error(status::invalid_argument, "ctas above the communicator's max_ctas");
-      grid = cfg.max_ctas;
-    }
-    split sp;
-    if (o.vt_split != nullptr) {
-      sp = *o.vt_split;
-      if (sp.n_vts < 1 || sp.n_vts > max_vts || sp.sum() != count)
-        throw error(status::invalid_argument, "vt_split: VT count outside [1, max_vts] or counts do not sum to count");
-      if (!reduces(c)) {  // copying collectives run on bytes: scale the element split
-        for (int i = 0; i < max_vts; ++i) sp.count[i] *= size_of(t);
-        sp.total *= size_of(t);
-      }
-      for (int i = 0; i < sp.n_vts; ++i)
-        if (!sp.live(i) && sp.count[i] != 0) throw error(status::invalid_argument, "vt_split: a masked VT holds elements");
-      p.n_vts = sp.n_vts;
-    } else {
-      int nv = o.vts != 0 ? o.vts : tu.vts;
-      if (nv < 1) nv = 1;
-      if (nv > max_vts) throw error(status::invalid_argument, "vts above max_vts");
-      p.n_vts = nv < grid ? nv : grid;
-      // equal shares, VT boundaries on whole 16-byte packs
-      sp = to_split(equal_shares(p.n_vts, all_live(p.n_vts)), units, static_cast<std::uint64_t>(Vb));
-    }
-    p.ctas_per_vt = grid / p.n_vts;
-    if (p.ctas_per_vt < 1) p.ctas_per_vt = 1;
-    p.grid = p.n_vts * p.ctas_per_vt;
-    if (p.grid > cfg.max_ctas) throw error(status::invalid_argument, "VTs x CTAs per VT above max_ctas");
-    if (p.algo == algorithm::one_shot) {
-      // a slot holds one Lamport packet or half an LL packet pair per 16 bytes of payload
-      std::uint64_t const cap = static_cast<std::uint64_t>(cfg.one_shot_slot_bytes) / (lamport ? 16 : 32);
-      if (max_cta_packs(sp, p.ctas_per_vt, p.grid, Vb) > cap) {
-        if (o.algo == algorithm::one_shot)
-          throw error(status::invalid_argument, "message too large for the one-shot slots with this CTA count");
-        // automatic choice: fall back to the next path, as the table would for a larger message
-        p.algo = registered ? (c == collective::all_reduce ? algorithm::two_shot : algorithm::direct) : algorithm::pipelined;
-        tune_row const& r = row_for(registered ? tu.zero_copy : tu.pipelined, sh.bytes);
-        chunk = o.chunk_bytes != 0 ? o.chunk_bytes : r.chunk_bytes;
-      }
-    }
-    if (p.algo == algorithm::pipelined) {
-      if (o.chunk_bytes == 0 && chunk > cfg.ring_chunk_bytes) chunk = cfg.ring_chunk_bytes;  // table vs smaller rings
-      if (chunk <= 0 || chunk % 16 != 0 || chunk > cfg.ring_chunk_bytes)
-        throw error(status::invalid_argument, "chunk_bytes must be a positive multiple of 16 up to ring_chunk_bytes");
-      p.chunk_packs = chunk / 16;
-    }
-    if (sp_out != nullptr) *sp_out = sp;
-    return p;
-  }
-
-  /// Whether the buffers peers must reach are registered: all-reduce pulls inputs and pushes
-  /// outputs, reduce-scatter pulls inputs, the others push into outputs. Depends only on what every
-  /// rank passes alike, so every rank decides the same.
-  bool zero_copy_ready(collective c, void const* in, void const* out, std::uint64_t seg, shape const& sh) const {
-    bool const ri = in != nullptr && find(in, seg * sh.in_segments) != nullptr;
-    bool const ro = find(out, seg * sh.out_segments) != nullptr;
-    switch (c) {
-      case collective::all_reduce: return ri && ro;
-      case collective::reduce_scatter: return ri;
-      default: return ro;
-    }
-  }
-
-  bool is_in_place(collective c, void const* in, void const* out, std::uint64_t seg) const {
-    auto const* i = static_cast<char const*>(in);
-    auto const* o = static_cast<char const*>(out);
-    switch (c) {
-      case collective::all_reduce:
-      case collective::broadcast:
-      case collective::all_to_all: return i == o;
-      case collective::reduce_scatter: return o == i + seg * s_->rank;
-      case collective::all_gather: return i == o + seg * s_->rank;
-    }
-    return false;
-  }
+  /// The planner of this rank's calls (references this communicator's state: use it within a call).
+  detail::nvlink_planner planner() const { return {s_->cfg, s_->rank, s_->nranks, s_->buffers}; }
 
   void run(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t stream,
            launch_options const& o) {
@@ -761,35 +507,14 @@ class nvlink_communicator {
   /// bad input. For count == 0 it returns after validation with `p` empty.
   device::coll_args prepare(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root,
                             launch_options const& o, plan& p) const {
-    // ---- validation (host side; throws before anything is launched)
-    if (static_cast<unsigned>(t) > static_cast<unsigned>(dtype::float64))
-      throw error(status::invalid_argument, "unknown dtype");
-    if (static_cast<unsigned>(op) > static_cast<unsigned>(redop::avg)) throw error(status::invalid_argument, "unknown redop");
-    require_compiled(c, t);
-    if (root < 0 || root >= s_->nranks) throw error(status::invalid_argument, "root outside [0, ranks)");
-    check_lane(o.lane);
+    detail::nvlink_planner const pl = planner();
+    detail::checked_call const k = pl.check(c, in, out, count, t, op, root, o.lane);  // throws before any launch
     if (count == 0) return device::coll_args{};
-    if (count > (std::uint64_t(1) << 40)) throw error(status::invalid_argument, "count above 2^40 elements");
-    bool const reads_in = c != collective::broadcast || s_->rank == root;
-    if ((reads_in && in == nullptr) || out == nullptr) throw error(status::invalid_argument, "null buffer pointer");
-    std::size_t const es = size_of(t);
-    // reductions load whole elements; copying collectives move raw bytes (any alignment)
-    std::size_t const align = reduces(c) ? es : 1;
-    if ((reads_in && reinterpret_cast<std::uintptr_t>(in) % align != 0) || reinterpret_cast<std::uintptr_t>(out) % align != 0)
-      throw error(status::invalid_argument, "buffer pointer not aligned to the element size");
-    shape const sh = shape_of(c, count, t);
-    std::uint64_t const seg = static_cast<std::uint64_t>(count) * es;
-    bool const in_place = reads_in && is_in_place(c, in, out, seg);
-    if (c == collective::all_to_all && in_place) throw error(status::invalid_argument, "all_to_all cannot run in place");
-    if (reads_in && !in_place) {
-      auto const* i0 = static_cast<char const*>(in);
-      auto const* o0 = static_cast<char const*>(out);
-      if (i0 < o0 + seg * sh.out_segments && o0 < i0 + seg * sh.in_segments)
-        throw error(status::invalid_argument, "input and output overlap (other than the in-place layout)");
-    }
-
+    bool const reads_in = k.reads_in, in_place = k.in_place;
+    std::uint64_t const seg = k.seg;
+    detail::call_shape const& sh = k.shape;
     split sp;
-    p = choose(c, reads_in ? in : out, out, count, t, o, &sp);
+    p = pl.choose(c, reads_in ? in : out, out, count, t, o, &sp);
 
     device::coll_args a;
     a.coll = c;
@@ -810,7 +535,7 @@ class nvlink_communicator {
     if (sh.in_segments > 1 || sh.out_segments > 1) vec = vec && seg % 16 == 0;
     a.vec_ok = vec;
 
-    std::uint32_t h = 2166136261u;
+    std::uint32_t h = detail::fnv_basis;
     h = detail::fnv_add(h, c);
     h = detail::fnv_add(h, op);
     h = detail::fnv_add(h, t);
@@ -828,14 +553,14 @@ class nvlink_communicator {
       bool const pull = c == collective::all_reduce || c == collective::reduce_scatter;
       bool const push = c != collective::reduce_scatter;
       if (pull) {
-        auto const* bi = find(a.in, seg * sh.in_segments);
+        auto const* bi = pl.find(a.in, seg * sh.in_segments);
         std::uint64_t const oi = static_cast<std::uint64_t>(static_cast<char const*>(a.in) - bi->base);
         h = detail::fnv_add(h, oi);
         h = detail::fnv_add(h, static_cast<std::uint64_t>(bi->bytes));
         for (int r = 0; r < s_->nranks; ++r) a.peer_in[r] = bi->peers[r] + oi;
       }
       if (push) {
-        auto const* bo = find(out, seg * sh.out_segments);
+        auto const* bo = pl.find(out, seg * sh.out_segments);
         std::uint64_t const oo = static_cast<std::uint64_t>(static_cast<char const*>(out) - bo->base);
         h = detail::fnv_add(h, oo);
         h = detail::fnv_add(h, static_cast<std::uint64_t>(bo->bytes));
