@@ -195,6 +195,34 @@ template <class T> RECCL_DEVICE pack16 from_acc(redop op, acc_pack<T> const& a, 
   for (int i = 0; i < pack_elems<T>; ++i) e[i] = element<T>::from_acc(finalize(op, a.v[i], nranks));
   return p;
 }
+/// The rank-order reduction of the NVLink path and the proxy: acc[b] = x_0[b] (op) x_1[b] (op) ...
+/// (op) x_{n-1}[b] for B packs at once, accumulated in element<T>::acc (fp32 for 16-bit floats) and
+/// rounded once by from_acc, so every rank and every engine gives the same bits. `fetch(q, x)`
+/// fills x[0..B) with rank q's packs and returns whether to go on (false: a wait failed; the fold
+/// stops and acc must not be used). Returns whether every rank's packs were fetched. B > 1 lets an
+/// engine issue B independent loads per rank before combining them.
+template <class T, int B, class Fetch>
+RECCL_DEVICE bool fold_in_rank_order(redop op, int nranks, acc_pack<T> (&acc)[B], Fetch&& fetch) {
+  bool ok = true;
+  for (int q = 0; q < nranks && ok; ++q) {
+    pack16 x[B];
+    ok = fetch(q, x);
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (q == 0) acc[b] = to_acc<T>(x[b]);
+      else combine_into<T>(op, acc[b], x[b]);
+    }
+  }
+  return ok;
+}
+/// One pack: fold_in_rank_order with B = 1, `fetch(q, x)` filling a single pack.
+template <class T, class Fetch>
+RECCL_DEVICE bool fold_in_rank_order(redop op, int nranks, acc_pack<T>& acc, Fetch&& fetch) {
+  acc_pack<T> one[1];
+  bool const ok = fold_in_rank_order<T, 1>(op, nranks, one, [&](int q, pack16 (&x)[1]) { return fetch(q, x[0]); });
+  acc = one[0];
+  return ok;
+}
 /// Two-rank reduction of one pack with the op fixed at compile time: rank 0's values (Op) rank 1's,
 /// finalised. Same arithmetic as combine()/finalize(), without a per-element switch.
 template <class T, redop Op> RECCL_DEVICE pack16 reduce_pair(pack16 const& r0, pack16 const& r1) {

@@ -53,20 +53,15 @@ __global__ void __launch_bounds__(cta_threads, 1) direct_kernel(coll_args const 
         std::uint64_t const seg = static_cast<std::uint64_t>(P.own_in_segment()) * a.seg_bytes;  // RS: segment me
         for (std::uint64_t b = 0; b < ps.size(); b += static_cast<std::uint64_t>(cta_threads) * direct_unroll) {
           acc_pack<T> acc[direct_unroll];
-          for (int q = 0; q < n; ++q) {
+          fold_in_rank_order<T, direct_unroll>(a.op, n, acc, [&](int q, pack16 (&x)[direct_unroll]) {
             char const* const src = static_cast<char const*>(a.peer_in[q]) + seg;
-            pack16 x[direct_unroll];
 #pragma unroll
-            for (int u = 0; u < direct_unroll; ++u) {
+            for (int u = 0; u < direct_unroll; ++u) {  // all loads in flight before the combines
               std::uint64_t const i = b + static_cast<std::uint64_t>(u * cta_threads + tid);
               if (i < ps.size()) x[u] = load_user<T>(src, ps.first + i, r, a.vec_ok);
             }
-#pragma unroll
-            for (int u = 0; u < direct_unroll; ++u) {
-              if (q == 0) acc[u] = to_acc<T>(x[u]);
-              else combine_into<T>(a.op, acc[u], x[u]);
-            }
-          }
+            return true;
+          });
 #pragma unroll
           for (int u = 0; u < direct_unroll; ++u) {
             std::uint64_t const i = b + static_cast<std::uint64_t>(u * cta_threads + tid);

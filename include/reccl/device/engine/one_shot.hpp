@@ -156,18 +156,16 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
     int const k = tid + u * cta_threads;
     if (k >= np) break;
     acc_pack<T> acc;
-    for (int q = 0; q < n && ok; ++q) {
-      pack16 x;
+    ok = fold_in_rank_order<T>(a.op, n, acc, [&](int q, pack16& x) {
       if (q == me) {
         x = load_user<T>(own, ps.first + k, r, a.vec_ok);  // reloaded: a run-time index into mine[] would spill it
-      } else {
-        char* const p = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
-        ok = lamport_poll(p, x, deadline, &abort_flag, st);
-        if (ok) store_pack(p, lamport_poison());
+        return true;
       }
-      if (q == 0) acc = to_acc<T>(x);
-      else combine_into<T>(a.op, acc, x);
-    }
+      char* const p = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
+      bool const got = lamport_poll(p, x, deadline, &abort_flag, st);
+      if (got) store_pack(p, lamport_poison());
+      return got;
+    });
     if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, ps.first + k, r, a.vec_ok, from_acc<T>(a.op, acc, n));
   }
   __syncthreads();
@@ -278,13 +276,13 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
       if constexpr (!std::is_same_v<T, raw_byte>) {
         char const* const own = in + P.own_in_segment() * a.seg_bytes;
         acc_pack<T> acc;
-        for (int q = 0; q < n && ok; ++q) {
-          pack16 x;
-          if (q == me) x = load_user<T>(own, j, r, a.vec_ok);
-          else ok = ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
-          if (q == 0) acc = to_acc<T>(x);
-          else combine_into<T>(a.op, acc, x);
-        }
+        ok = fold_in_rank_order<T>(a.op, n, acc, [&](int q, pack16& x) {
+          if (q == me) {
+            x = load_user<T>(own, j, r, a.vec_ok);
+            return true;
+          }
+          return ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+        });
         if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, j, r, a.vec_ok, from_acc<T>(a.op, acc, n));
       }
     } else {

@@ -271,22 +271,21 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
 #pragma unroll 1
           for (int i = lane; i < cnt && good; i += 32) {
             acc_pack<T> acc;
-            for (int q = 0; q < n && good; ++q) {
-              pack16 x;
+            good = fold_in_rank_order<T>(a.op, n, acc, [&](int q, pack16& x) {
               if (q == me) {
                 x = load_user<T>(own, first + i, wr, io.vec_ok);
-              } else {
-                char* const p = v.ring_slot(me, q, cta, w, s) + i * 16;
-                if constexpr (lam) {
-                  good = lamport_poll(p, x, guard);
-                } else {
-                  x = load_pack_cg(p);
-                }
-                store_pack(p, lamport_poison());
+                return true;
               }
-              if (q == 0) acc = to_acc<T>(x);
-              else combine_into<T>(a.op, acc, x);
-            }
+              char* const p = v.ring_slot(me, q, cta, w, s) + i * 16;
+              bool got = true;
+              if constexpr (lam) {
+                got = lamport_poll(p, x, guard);
+              } else {
+                x = load_pack_cg(p);
+              }
+              store_pack(p, lamport_poison());
+              return got;
+            });
             if (good) store_user<T>(out, first + i, wr, io.vec_ok, from_acc<T>(a.op, acc, n));
           }
         }

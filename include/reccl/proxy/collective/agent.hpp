@@ -137,8 +137,11 @@ __device__ void reduce_block(redop op, int nranks, char const* const* src, char*
   device::elem_range const range{0, n};
   std::uint64_t const packs = ceil_div(n, V);
   for (std::uint64_t j = threadIdx.x; j < packs; j += blockDim.x) {
-    device::acc_pack<T> a = device::to_acc<T>(device::load_user<T>(src[0], j, range, vec));
-    for (int r = 1; r < nranks; ++r) device::combine_into<T>(op, a, device::load_user<T>(src[r], j, range, vec));
+    device::acc_pack<T> a;
+    device::fold_in_rank_order<T>(op, nranks, a, [&](int r, device::pack16& x) {
+      x = device::load_user<T>(src[r], j, range, vec);
+      return true;
+    });
     device::store_user<T>(dst, j, range, vec, device::from_acc<T>(op, a, nranks));
   }
 }
