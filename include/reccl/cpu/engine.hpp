@@ -51,6 +51,7 @@
 #include "../policy/control.hpp"
 #include "../policy/epoch.hpp"
 #include "../policy/schedule/schedule.hpp"
+#include "../policy/split.hpp"
 #include "../policy/telemetry/telemetry.hpp"
 #include "../types.hpp"
 #include "communicator.hpp"
@@ -400,10 +401,9 @@ collective_result run_collective(communicator& comm, int rank, T const* send, T*
       std::uint64_t const t0 = now_ns();
       for (int d = 0; d < cfg.n_vts && rrep[vt].blk.st == status::ok; ++d) {
         if (!((need >> d) & 1u) || sp.count[d] == 0) continue;
-        std::uint64_t const b = sp.offset(d), len = sp.count[d];
-        std::uint64_t const lo = b + len * static_cast<std::uint64_t>(k) / n_live;
-        std::uint64_t const hi = b + len * static_cast<std::uint64_t>(k + 1) / n_live;
-        if (hi > lo) ex.run({lo, hi}, rrep[vt].blk);
+        std::uint64_t const b = sp.offset(d);
+        elem_range const mine = part_of(elem_range{b, b + sp.count[d]}, n_live, k, 1);  // as the GPU's recovery cuts it
+        if (!mine.empty()) ex.run({mine.lo, mine.hi}, rrep[vt].blk);
       }
       rrep[vt].elapsed_ns = now_ns() - t0;
     };

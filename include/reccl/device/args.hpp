@@ -78,20 +78,7 @@ RECCL_HOST_DEVICE constexpr pattern make_pattern(collective c, int me, int n, in
   return pattern{};
 }
 
-/// Part `i` of `parts` of [lo, hi): inner boundaries rounded up to a multiple of `v` elements.
-RECCL_HOST_DEVICE constexpr elem_range part_of(elem_range r, int parts, int i, int v) {
-  auto cut = [&](int k) -> std::uint64_t {
-    if (k <= 0) return r.lo;
-    if (k >= parts) return r.hi;
-    std::uint64_t const len = r.hi > r.lo ? r.hi - r.lo : 0;
-    std::uint64_t x = r.lo + len / static_cast<std::uint64_t>(parts) * static_cast<std::uint64_t>(k) +
-                      len % static_cast<std::uint64_t>(parts) * static_cast<std::uint64_t>(k) /
-                          static_cast<std::uint64_t>(parts);
-    x = (x + static_cast<std::uint64_t>(v) - 1) / static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(v);
-    return x < r.lo ? r.lo : (x > r.hi ? r.hi : x);
-  };
-  return elem_range{cut(i), cut(i + 1)};
-}
+using reccl::part_of;  // policy/split.hpp
 
 /// Elements of every segment that CTA `cta` handles.
 RECCL_HOST_DEVICE constexpr elem_range cta_range(split const& sp, int ctas_per_vt, int cta, int v) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../policy/split.hpp"
 #include "../types.hpp"
 #include "primitives.hpp"
 
@@ -281,11 +282,7 @@ template <class T> RECCL_DEVICE pack16 canonical(pack16 p) {
   return p;
 }
 
-/// Elements [lo, hi) of a segment, described in packs: packs [first_pack, end_pack).
-struct elem_range {
-  std::uint64_t lo = 0, hi = 0;
-  RECCL_HOST_DEVICE constexpr bool empty() const { return hi <= lo; }
-};
+using reccl::elem_range;  // policy/split.hpp
 
 /// Load pack j of segment `base` restricted to [lo, hi); elements outside read as zero bits.
 /// `vec_ok`: base is 16-byte aligned, so full packs are one vector load.

@@ -37,6 +37,29 @@ struct split {
   }
 };
 
+/// Elements [lo, hi) of a segment (a VT's block, a CTA's part of it, a recovery worker's share).
+struct elem_range {
+  std::uint64_t lo = 0, hi = 0;
+  RECCL_HOST_DEVICE constexpr bool empty() const { return hi <= lo; }
+};
+
+/// Part `i` of `parts` of [lo, hi): inner boundaries rounded up to a multiple of `v` elements
+/// (v = 1: lo + floor(len * i / parts)). How a VT's block is cut among its CTAs, and how a dead
+/// VT's block is shared among the live VTs that redo it, on the GPU and on the CPU engine alike.
+RECCL_HOST_DEVICE constexpr elem_range part_of(elem_range r, int parts, int i, int v) {
+  auto cut = [&](int k) -> std::uint64_t {
+    if (k <= 0) return r.lo;
+    if (k >= parts) return r.hi;
+    std::uint64_t const len = r.hi > r.lo ? r.hi - r.lo : 0;
+    std::uint64_t x = r.lo + len / static_cast<std::uint64_t>(parts) * static_cast<std::uint64_t>(k) +
+                      len % static_cast<std::uint64_t>(parts) * static_cast<std::uint64_t>(k) /
+                          static_cast<std::uint64_t>(parts);
+    x = (x + static_cast<std::uint64_t>(v) - 1) / static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(v);
+    return x < r.lo ? r.lo : (x > r.hi ? r.hi : x);
+  };
+  return elem_range{cut(i), cut(i + 1)};
+}
+
 RECCL_HOST_DEVICE constexpr std::uint32_t all_live(int n_vts) {
   return n_vts >= 32 ? 0xffffffffu : ((1u << n_vts) - 1u);
 }
