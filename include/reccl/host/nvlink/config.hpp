@@ -24,7 +24,7 @@ struct nvlink_config {
   // Scratch memory per lane = 2 * ranks * max_ctas * (16 + one_shot_slot_bytes)
   //                         + ranks * max_ctas * 8 * ring_depth * (16 + ring_chunk_bytes) + flags;
   // with the defaults and 2 ranks about 264 MiB per lane. Smaller values cap the largest grids and
-  // chunks that the tuning table may pick (choose() clamps to them).
+  // chunks that the tuning table may pick (nvlink_planner::choose() clamps to them).
   std::uint64_t timeout_ns = 10'000'000'000ull;  ///< every device-side wait gives up after this
   bool pdl = true;                          ///< programmatic dependent launch
   tuning tune{};

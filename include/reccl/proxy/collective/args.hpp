@@ -58,9 +58,9 @@ struct collective_args {
   /// takes part in every step. n_vts == 0: equal shares over all VTs.
   reccl::shares vt_shares{};
   /// Whether each VT checks, on the device, that every peer's call has the same arguments (set by
-  /// proxy_collectives: on where the ranks are in different processes; see the file comment).
+  /// proxy_collectives: on where the ranks are in different processes; see agent.hpp's file comment).
   bool peer_checks = false;
-  /// Puts of at most this many bytes go inline (set by proxy_collectives; see the file comment).
+  /// Puts of at most this many bytes go inline (set by proxy_collectives; see agent.hpp's file comment).
   /// A rank's own choice: the bytes that land are the same either way.
   std::uint32_t inline_max = 0;
 };
