@@ -216,12 +216,19 @@ RECCL_DEVICE bool fold_in_rank_order(redop op, int nranks, acc_pack<T> (&acc)[B]
   }
   return ok;
 }
-/// One pack: fold_in_rank_order with B = 1, `fetch(q, x)` filling a single pack.
+/// One pack: the same fold with `fetch(q, x)` filling a single pack. Written as its own loop, not as
+/// the B = 1 case of the batch form: wrapped (a one-element array and an inner lambda) it costs
+/// registers in the kernels that inline it (bench/NOTES.md 40-41). Like the batch form, it combines
+/// what a failed fetch left before it stops (acc is unused then): returning at once spilled more.
 template <class T, class Fetch>
 RECCL_DEVICE bool fold_in_rank_order(redop op, int nranks, acc_pack<T>& acc, Fetch&& fetch) {
-  acc_pack<T> one[1];
-  bool const ok = fold_in_rank_order<T, 1>(op, nranks, one, [&](int q, pack16 (&x)[1]) { return fetch(q, x[0]); });
-  acc = one[0];
+  bool ok = true;
+  for (int q = 0; q < nranks && ok; ++q) {
+    pack16 x;
+    ok = fetch(q, x);
+    if (q == 0) acc = to_acc<T>(x);
+    else combine_into<T>(op, acc, x);
+  }
   return ok;
 }
 /// Two-rank reduction of one pack with the op fixed at compile time: rank 0's values (Op) rank 1's,
