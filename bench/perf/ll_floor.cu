@@ -3,11 +3,8 @@
 // the way reccl_loopback_perf times reccl (per rank one CUDA graph of `iters` calls on its own
 // stream, every rank's graph launched together, median of `reps` replays).
 //
-// Protocol: each 8-byte store carries one 4-byte word of data (two bf16) and a 4-byte epoch; a CTA
-// keeps its epoch in device memory, and a reader polls its slot until the epoch matches. Slots are
-// double-buffered by epoch parity: a rank can be at most one call ahead of a peer that still reads.
-// Every rank writes its words into every peer's slot for it, then sums the peers' words in rank
-// order. Results are checked against a host sum of random bf16 data after each configuration.
+// The kernel and its protocol: ll_floor_kernel.cuh. Results are checked against a host sum of
+// random bf16 data after each configuration.
 //
 //   reccl_ll_floor --ranks 2,3,4 --bytes 1024,4096,16384,65536,262144 --ctas 1,2,4,8,16,32,64
 #include <cuda_bf16.h>
@@ -23,59 +20,14 @@
 #include <random>
 #include <vector>
 
+#include "bench/perf/ll_floor_kernel.cuh"
 #include "examples/common/check.hpp"
 
 namespace {
 
-constexpr int max_ranks = 4;
-
-struct peers {
-  std::uint64_t* slots[max_ranks];  ///< rank q's receive slots: [parity][source rank][word]
-};
+constexpr int max_ranks = ll_floor_max_ranks;
 
 __global__ void empty_kernel() {}
-
-/// One call of rank `me`: `words` 4-byte words of bf16 pairs.
-__global__ void ll_floor_allreduce(std::uint32_t const* in, std::uint32_t* out, peers p, int me, int nranks, std::uint32_t* epochs,
-                                   int words) {
-  __shared__ std::uint32_t epoch_s;
-  if (threadIdx.x == 0) epoch_s = epochs[blockIdx.x] + 1;
-  __syncthreads();
-  std::uint32_t const e = epoch_s;
-  std::size_t const parity = (e & 1u) * static_cast<std::size_t>(nranks) * words;
-  int const stride = gridDim.x * blockDim.x;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
-    std::uint64_t const pkt = (static_cast<std::uint64_t>(e) << 32) | in[i];
-    for (int q = 0; q < nranks; ++q) {
-      if (q == me) continue;
-      std::uint64_t* const dst = p.slots[q] + parity + static_cast<std::size_t>(me) * words + i;
-      asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dst), "l"(pkt) : "memory");
-    }
-  }
-  std::uint64_t const* const mine = p.slots[me] + parity;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
-    float2 acc = make_float2(0.f, 0.f);
-    for (int q = 0; q < nranks; ++q) {
-      std::uint32_t w;
-      if (q == me) {
-        w = in[i];
-      } else {
-        std::uint64_t pkt;
-        do {
-          asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(pkt) : "l"(mine + static_cast<std::size_t>(q) * words + i) : "memory");
-        } while (static_cast<std::uint32_t>(pkt >> 32) != e);
-        w = static_cast<std::uint32_t>(pkt);
-      }
-      float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&w));
-      acc.x += f.x;
-      acc.y += f.y;
-    }
-    __nv_bfloat162 const z = __floats2bfloat162_rn(acc.x, acc.y);
-    out[i] = *reinterpret_cast<std::uint32_t const*>(&z);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) epochs[blockIdx.x] = e;
-}
 
 float bf16_to_float(std::uint16_t b) {
   std::uint32_t const u = static_cast<std::uint32_t>(b) << 16;
@@ -153,7 +105,7 @@ int main(int argc, char** argv) {
         std::memcpy(&ub, &b, 4);
         w = (ua >> 16) | (ub & 0xffff0000u);
       }
-    peers p{};
+    ll_floor_peers p{};
     std::size_t const slot_words = 2ull * static_cast<std::size_t>(n) * static_cast<std::size_t>(max_words);
     for (int r = 0; r < n; ++r) {
       auto& s = R[static_cast<std::size_t>(r)];

@@ -1,0 +1,62 @@
+// bench/perf/graph_timing.hpp -- how the small-message tools time a call: per rank one CUDA graph of
+// `iters` calls captured on its own stream, every rank's graph launched together, wall time between
+// two events divided by `iters`; the median of `reps` replays (the first replay warms the graphs).
+// reccl_loopback_perf times reccl's collectives the same way.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "examples/common/check.hpp"
+
+namespace reccl_bench {
+
+/// Captures `issue(rank)` `iters` times per rank into one graph per rank (on `streams[rank]`).
+template <class Issue>
+std::vector<cudaGraphExec_t> capture_per_rank(std::vector<cudaStream_t> const& streams, int iters, Issue&& issue) {
+  std::vector<cudaGraphExec_t> exec(streams.size());
+  for (std::size_t r = 0; r < streams.size(); ++r) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < iters; ++k) issue(static_cast<int>(r));
+    CK(cudaStreamEndCapture(streams[r], &g));
+    CK(cudaGraphInstantiate(&exec[r], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  return exec;
+}
+
+/// Median microseconds per call over `reps` replays of every rank's graph launched together.
+/// Destroys the graphs.
+inline double time_graphs(std::vector<cudaStream_t> const& streams, std::vector<cudaGraphExec_t>& exec, int iters, int reps) {
+  cudaEvent_t t0, t1;
+  CK(cudaEventCreate(&t0));
+  CK(cudaEventCreate(&t1));
+  std::vector<cudaEvent_t> done(streams.size());
+  for (auto& e : done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  std::vector<double> us;
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    CK(cudaEventRecord(t0, streams[0]));
+    for (std::size_t r = 1; r < streams.size(); ++r) CK(cudaStreamWaitEvent(streams[r], t0));
+    for (std::size_t r = 0; r < streams.size(); ++r) CK(cudaGraphLaunch(exec[r], streams[r]));
+    for (std::size_t r = 1; r < streams.size(); ++r) {
+      CK(cudaEventRecord(done[r], streams[r]));
+      CK(cudaStreamWaitEvent(streams[0], done[r]));
+    }
+    CK(cudaEventRecord(t1, streams[0]));
+    CK(cudaEventSynchronize(t1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, t0, t1));
+    if (rep > 0) us.push_back(1000.0 * ms / iters);
+  }
+  CK(cudaEventDestroy(t0));
+  CK(cudaEventDestroy(t1));
+  for (auto& e : done) CK(cudaEventDestroy(e));
+  for (auto& x : exec) CK(cudaGraphExecDestroy(x));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+}  // namespace reccl_bench
