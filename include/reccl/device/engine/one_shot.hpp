@@ -11,8 +11,13 @@
 // inputs are canonicalised (-0 -> +0). Two phases suffice: a peer writes phase (s & 1) again only at
 // call s+2, which needs this rank's data of call s+1, sent after this kernel (and its re-poison)
 // finished. No flag, no fence, no barrier: one NVLink crossing per call.
-// A 16-byte header per slot carries the descriptor hash and pack count, so ranks that disagree fail
-// with `mismatch` instead of reading garbage.
+// A 16-byte header per slot carries the descriptor hash, pack count and call sequence, so ranks that
+// disagree fail with `mismatch` instead of reading garbage. It is published before the data and
+// checked after it, by lanes of the CTA's last warp (which holds data only when a CTA moves more
+// than 15 warps' worth of packs): the check runs beside the receive, not in front of it. Waiting for
+// the header first cost 0.9-2.8 us per call at 1 KiB with 2-4 ranks (bench/NOTES.md 44). A
+// mismatched call therefore raises `mismatch` possibly after this rank stored its output: the
+// output of a call whose ranks disagree is unspecified, the lane's error is not.
 #pragma once
 
 #include "../args.hpp"
@@ -45,6 +50,41 @@ RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, deadline_clock& deadlin
                                std::uint32_t* st) {
   lane_guard g{&deadline, st, abort_flag};
   return lamport_poll(p, x, g);
+}
+
+/// A one-shot slot header: what every rank of the call must agree on. Bit 31 of every word is clear,
+/// so a header never equals the sentinel.
+RECCL_DEVICE pack16 one_shot_header(std::uint32_t desc, int np, std::uint64_t seq) {
+  return pack16{{desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
+}
+
+/// Store this rank's header `h` into every peer's slot for it (thread q stores peer q's). Called
+/// before any data is pushed; no ordering against the data is needed (the check below waits).
+RECCL_DEVICE void publish_header(lsa_view const& v, int phase, int cta, pack16 const& h) {
+  int const q = static_cast<int>(threadIdx.x);
+  if (q < v.nranks && q != v.rank) store_pack_relaxed_sys(v.one_shot_slot(q, phase, v.rank, cta), h);
+}
+
+/// Lane q of the CTA's last warp waits for peer q's header, compares it with `h` and re-poisons it.
+/// A difference raises status::mismatch on the lane; a difference or a wait that gave up sets the
+/// CTA's abort flag, which ends the other threads' waits at their next guard check. Every thread
+/// of the CTA calls it after its own receive.
+static_assert(max_lsa <= 32, "one checking lane per peer in the last warp");
+RECCL_DEVICE void check_header(lsa_view const& v, int phase, int cta, pack16 const& h, deadline_clock& deadline,
+                               int* abort_flag, std::uint32_t* st) {
+  int const q = static_cast<int>(threadIdx.x) - (cta_threads - 32);
+  if (q < 0 || q >= v.nranks || q == v.rank) return;
+  char* const hp = v.one_shot_slot(v.rank, phase, q, cta);
+  pack16 g;
+  if (!lamport_poll(hp, g, deadline, abort_flag, st)) {
+    *abort_flag = 1;
+    return;
+  }
+  if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
+    raise_status(st, status::mismatch);
+    *abort_flag = 1;
+  }
+  store_pack(hp, lamport_poison());
 }
 
 template <class T>
@@ -85,6 +125,8 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
   }
   deadline_clock deadline(a.timeout_ns);
   int const phase = static_cast<int>(seq & 1u);
+  pack16 const h = one_shot_header(a.desc, np, seq);
+  publish_header(v, phase, cta, h);
 
   // 1. push: my contribution to every peer's slot [phase][me][cta]
 #pragma unroll
@@ -99,25 +141,9 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
       }
     }
   }
-  pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
-  if (tid < n && tid != me) {
-    // header words never equal the sentinel (bit 31 clear)
-    store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
-    // 2. check the peer's header (thread `tid` checks peer `tid`)
-    char* const hp = v.one_shot_slot(me, phase, tid, cta);
-    pack16 g;
-    if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
-      if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
-        raise_status(st, status::mismatch);
-        abort_flag = 1;
-      }
-      store_pack(hp, lamport_poison());
-    } else {
-      abort_flag = 1;
-    }
-  }
 
-  // 3. receive: poll all my packs of a peer at once, combine in rank order, re-poison what was read
+  // 2. receive: poll all my packs of a peer at once, combine in rank order, re-poison what was read;
+  // 3. check the peers' headers (the last warp's lanes, after their own packs)
   bool ok = true;
   if (n == 2) {
     char* const base = v.one_shot_slot(me, phase, 1 - me, cta) + 16;
@@ -146,28 +172,33 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
         }
       });
     }
+    check_header(v, phase, cta, h, deadline, &abort_flag, st);
     __syncthreads();
     if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
     return;
   }
-  // more than two ranks: one pack at a time, peers polled in rank order
+  // more than two ranks: one pack at a time, peers polled in rank order, the op fixed at compile time
+  // (a run-time op costs a branch per element and rank: 0.5 us per call at 1 KiB with 3 ranks)
+  with_op(a.op, [&]<redop Op>() {
 #pragma unroll 1
-  for (int u = 0; u < U && ok; ++u) {
-    int const k = tid + u * cta_threads;
-    if (k >= np) break;
-    acc_pack<T> acc;
-    ok = fold_in_rank_order<T>(a.op, n, acc, [&](int q, pack16& x) {
-      if (q == me) {
-        x = load_user<T>(own, ps.first + k, r, a.vec_ok);  // reloaded: a run-time index into mine[] would spill it
-        return true;
-      }
-      char* const p = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
-      bool const got = lamport_poll(p, x, deadline, &abort_flag, st);
-      if (got) store_pack(p, lamport_poison());
-      return got;
-    });
-    if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, ps.first + k, r, a.vec_ok, from_acc<T>(a.op, acc, n));
-  }
+    for (int u = 0; u < U && ok; ++u) {
+      int const k = tid + u * cta_threads;
+      if (k >= np) break;
+      acc_pack<T> acc;
+      ok = fold_in_rank_order<T>(Op, n, acc, [&](int q, pack16& x) {
+        if (q == me) {
+          x = load_user<T>(own, ps.first + k, r, a.vec_ok);  // reloaded: a run-time index into mine[] would spill it
+          return true;
+        }
+        char* const p = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
+        bool const got = lamport_poll(p, x, deadline, &abort_flag, st);
+        if (got) store_pack(p, lamport_poison());
+        return got;
+      });
+      if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, ps.first + k, r, a.vec_ok, from_acc<T>(Op, acc, n));
+    }
+  });
+  check_header(v, phase, cta, h, deadline, &abort_flag, st);
   __syncthreads();
   if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
 }
@@ -233,6 +264,12 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
   if (abort_flag) return;
   deadline_clock deadline(a.timeout_ns);
   int const phase = static_cast<int>(seq & 1u);
+  // Headers go both ways between every pair, also where no data flows (a broadcast's root
+  // receives none): each rank then waits for every peer in every call, so no rank runs more than
+  // one call ahead and the two slot phases suffice (a root running ahead would overwrite a phase
+  // its peers have not read yet).
+  pack16 const h = one_shot_header(a.desc, np, seq);
+  publish_header(v, phase, cta, h);
 
   // 1. push
 #pragma unroll
@@ -245,27 +282,8 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
       ll_send(v.one_shot_slot(p, phase, me, cta) + 16 + k * 32, x);
     }
   }
-  // Headers go both ways between every pair, also where no data flows (a broadcast's root
-  // receives none): each rank then waits for every peer in every call, so no rank runs more than
-  // one call ahead and the two slot phases suffice (a root running ahead would overwrite a phase
-  // its peers have not read yet).
-  pack16 const h{{a.desc & 0x7fffffffu, static_cast<std::uint32_t>(np), 0x5eedu, static_cast<std::uint32_t>(seq & 0x7fffffffu)}};
-  if (tid < n && tid != me) store_pack_relaxed_sys(v.one_shot_slot(tid, phase, me, cta), h);
-  if (tid < n && tid != me) {
-    char* const hp = v.one_shot_slot(me, phase, tid, cta);
-    pack16 g;
-    if (lamport_poll(hp, g, deadline, &abort_flag, st)) {
-      if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
-        raise_status(st, status::mismatch);
-        abort_flag = 1;
-      }
-      store_pack(hp, lamport_poison());
-    } else {
-      abort_flag = 1;
-    }
-  }
 
-  // 2. receive
+  // 2. receive; 3. check the peers' headers (the last warp's lanes, after their own packs)
   bool ok = true;
 #pragma unroll 1
   for (int u = 0; u < U && ok; ++u) {
@@ -275,15 +293,17 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
     if (P.reduces) {
       if constexpr (!std::is_same_v<T, raw_byte>) {
         char const* const own = in + P.own_in_segment() * a.seg_bytes;
-        acc_pack<T> acc;
-        ok = fold_in_rank_order<T>(a.op, n, acc, [&](int q, pack16& x) {
-          if (q == me) {
-            x = load_user<T>(own, j, r, a.vec_ok);
-            return true;
-          }
-          return ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+        with_op(a.op, [&]<redop Op>() {  // the op fixed per pack, not branched on per element
+          acc_pack<T> acc;
+          ok = fold_in_rank_order<T>(Op, n, acc, [&](int q, pack16& x) {
+            if (q == me) {
+              x = load_user<T>(own, j, r, a.vec_ok);
+              return true;
+            }
+            return ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+          });
+          if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, j, r, a.vec_ok, from_acc<T>(Op, acc, n));
         });
-        if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, j, r, a.vec_ok, from_acc<T>(a.op, acc, n));
       }
     } else {
       for (int q = 0; q < n && ok; ++q) {
@@ -300,6 +320,7 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
       }
     }
   }
+  check_header(v, phase, cta, h, deadline, &abort_flag, st);
   __syncthreads();
   if (tid == 0) *v.one_shot_seq(cta) = seq + 1;
 }
