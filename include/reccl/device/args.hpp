@@ -45,8 +45,13 @@ constexpr char const* name(algorithm a) {
   return "?";
 }
 
-/// Everything a kernel needs, by value (about 600 bytes).
+/// Everything a kernel needs, by value (about 600 bytes). Kernel arguments live in a constant bank
+/// that is cold at every launch, and each 64-byte line a kernel first touches costs a miss on its
+/// path: the fields every engine reads (the view, the split, the scalars) come first, the arrays
+/// only the zero-copy engines read last (0.2 us per small call, bench/NOTES.md 44).
 struct coll_args {
+  lsa_view view{};
+  split sp{};
   collective coll = collective::all_reduce;
   redop op = redop::sum;
   algorithm algo = algorithm::pipelined;
@@ -63,8 +68,6 @@ struct coll_args {
   void* out = nullptr;
   void const* peer_in[max_lsa] = {};  ///< registered input of every rank (direct/two-shot only)
   void* peer_out[max_lsa] = {};       ///< registered output of every rank (direct/two-shot only)
-  split sp{};
-  lsa_view view{};
 };
 
 RECCL_HOST_DEVICE constexpr pattern make_pattern(collective c, int me, int n, int root) {
