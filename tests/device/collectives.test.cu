@@ -24,7 +24,7 @@ using namespace gpu_test;
 
 namespace {
 
-constexpr std::size_t small_cap = 8u << 20;  // bytes per small-case buffer
+constexpr std::size_t small_cap = 24u << 20;  // bytes per small-case buffer: the largest case on 8 ranks
 constexpr std::size_t guard = 256;
 
 struct world {
@@ -338,6 +338,9 @@ TEST_CASE("results are bitwise independent of the VT split, CTA count and algori
     w.rng.seed(777);
     std::vector<std::vector<unsigned char>> outs;
     std::string const why = run_case(w, s, &outs);
+    // with more loopback ranks the CTA cap leaves the one-shot slots too small for this count:
+    // rejected on the host, as documented (the main case skips it the same way)
+    if (w.loop && s.algo == algorithm::one_shot && why.find("too large for the one-shot slots") != std::string::npos) return;
     CHECK_MESSAGE(why.empty(), describe(s) << ": " << why);
     results.push_back(outs);
   };
@@ -361,7 +364,7 @@ TEST_CASE("results are bitwise independent of the VT split, CTA count and algori
     s.sp = &skew;
     run(s);
     s.sp = &many;
-    s.ctas = 32;
+    s.ctas = std::min(32, w.c(0).config().max_ctas);  // loopback ranks share the GPU's SMs
     run(s);
     s.sp = nullptr;
     s.ctas = 3;
