@@ -34,6 +34,10 @@ struct tuning {
   std::uint64_t one_shot_max_bytes = 1u << 20;
   /// One-shot with LL packets (integers, fp64, all-gather, broadcast, all-to-all) up to this size.
   std::uint64_t ll_max_bytes = 1u << 20;
+  /// A broadcast on registered buffers takes the one-shot only up to this size: above it the
+  /// direct push is as fast (one H200, loopback ranks: one-shot 0.44-0.79x of direct at 1-256 KiB,
+  /// 1.02x at 1 MiB; bench/results/2026-12-04-h200-small/call7).
+  std::uint64_t broadcast_registered_one_shot_max_bytes = 256u << 10;
   /// One-shot CTA count = ceil(bytes / one_shot_bytes_per_cta), at most the configured max.
   std::int32_t one_shot_bytes_per_cta = 8 << 10;
   /// VTs per collective: min(vts, CTAs), CTAs rounded down to a multiple of it.

@@ -115,9 +115,10 @@ class nvlink_planner {
     plan p;
     p.algo = o.algo;
     if (p.algo == algorithm::automatic) {
-      // broadcast stays on the paths validated on GPUs so far (its one-shot pairs headers both ways
-      // so the root cannot run ahead; that variant has not been run on a GPU yet)
-      if (sh.bytes <= (lamport ? tu.one_shot_max_bytes : tu.ll_max_bytes) && c != collective::broadcast)
+      std::uint64_t const one_shot_max = lamport                                     ? tu.one_shot_max_bytes
+                                         : c == collective::broadcast && registered ? tu.broadcast_registered_one_shot_max_bytes
+                                                                                    : tu.ll_max_bytes;
+      if (sh.bytes <= one_shot_max)
         p.algo = algorithm::one_shot;
       else if (registered)
         p.algo = c == collective::all_reduce ? algorithm::two_shot : algorithm::direct;
