@@ -28,9 +28,10 @@ std::vector<cudaGraphExec_t> capture_per_rank(std::vector<cudaStream_t> const& s
   return exec;
 }
 
-/// Median microseconds per call over `reps` replays of every rank's graph launched together.
-/// Destroys the graphs.
-inline double time_graphs(std::vector<cudaStream_t> const& streams, std::vector<cudaGraphExec_t>& exec, int iters, int reps) {
+/// Microseconds per call of each of `reps` replays of every rank's graph launched together, in
+/// replay order (one unrecorded replay first warms the graphs).
+inline std::vector<double> replay_graphs(std::vector<cudaStream_t> const& streams, std::vector<cudaGraphExec_t> const& exec,
+                                         int iters, int reps) {
   cudaEvent_t t0, t1;
   CK(cudaEventCreate(&t0));
   CK(cudaEventCreate(&t1));
@@ -54,9 +55,19 @@ inline double time_graphs(std::vector<cudaStream_t> const& streams, std::vector<
   CK(cudaEventDestroy(t0));
   CK(cudaEventDestroy(t1));
   for (auto& e : done) CK(cudaEventDestroy(e));
+  return us;
+}
+
+inline double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Median microseconds per call over `reps` replays (replay_graphs); destroys the graphs.
+inline double time_graphs(std::vector<cudaStream_t> const& streams, std::vector<cudaGraphExec_t>& exec, int iters, int reps) {
+  double const us = median_of(replay_graphs(streams, exec, iters, reps));
   for (auto& x : exec) CK(cudaGraphExecDestroy(x));
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return us;
 }
 
 }  // namespace reccl_bench

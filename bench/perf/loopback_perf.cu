@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/perf/graph_timing.hpp"
 #include "examples/common/check.hpp"
 #include "reccl/host/communicator.hpp"
 
@@ -77,39 +78,9 @@ double run_one(std::vector<reccl::nvlink_communicator>& comms, config const& c, 
   for (int w = 0; w < 3; ++w)
     for (int r = 0; r < n; ++r) issue(r);
   CK(cudaDeviceSynchronize());
-  std::vector<cudaGraphExec_t> exec(n);
-  for (int r = 0; r < n; ++r) {
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(st[r], cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < iters; ++k) issue(r);
-    CK(cudaStreamEndCapture(st[r], &g));
-    CK(cudaGraphInstantiate(&exec[r], g, 0));
-    CK(cudaGraphDestroy(g));
-  }
-  cudaEvent_t t0, t1;
-  std::vector<cudaEvent_t> done(n);
-  CK(cudaEventCreate(&t0));
-  CK(cudaEventCreate(&t1));
-  for (auto& e : done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  std::vector<double> us;
-  for (int rep = 0; rep < reps + 1; ++rep) {
-    CK(cudaEventRecord(t0, st[0]));
-    for (int r = 1; r < n; ++r) CK(cudaStreamWaitEvent(st[r], t0));
-    for (int r = 0; r < n; ++r) CK(cudaGraphLaunch(exec[r], st[r]));
-    for (int r = 1; r < n; ++r) {
-      CK(cudaEventRecord(done[r], st[r]));
-      CK(cudaStreamWaitEvent(st[0], done[r]));
-    }
-    CK(cudaEventRecord(t1, st[0]));
-    CK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, t0, t1));
-    if (rep > 0) us.push_back(1000.0 * ms / iters);  // the first replay warms the graph
-  }
+  std::vector<cudaGraphExec_t> exec = reccl_bench::capture_per_rank(st, iters, issue);
+  all_us = reccl_bench::replay_graphs(st, exec, iters, reps);
   for (auto& cm : comms) cm.check();
-  all_us = us;
-  std::vector<double> sorted = us;
-  std::sort(sorted.begin(), sorted.end());
   for (int r = 0; r < n; ++r) {
     CK(cudaGraphExecDestroy(exec[r]));
     CK(cudaStreamDestroy(st[r]));
@@ -121,10 +92,7 @@ double run_one(std::vector<reccl::nvlink_communicator>& comms, config const& c, 
       CK(cudaFree(out[r]));
     }
   }
-  CK(cudaEventDestroy(t0));
-  CK(cudaEventDestroy(t1));
-  for (auto& e : done) CK(cudaEventDestroy(e));
-  return sorted[sorted.size() / 2];
+  return reccl_bench::median_of(all_us);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/perf/bf16_words.hpp"
 #include "bench/perf/graph_timing.hpp"
 #include "bench/perf/ll_floor_kernel.cuh"
 #include "examples/common/check.hpp"
@@ -180,13 +181,6 @@ __global__ void fill_words(std::uint32_t* p, std::size_t words, std::uint32_t v)
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < words; i += gridDim.x * static_cast<std::size_t>(blockDim.x)) p[i] = v;
 }
 
-float bf16_to_float(std::uint16_t b) {
-  std::uint32_t const u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 struct rank_mem {
   std::uint32_t* in = nullptr;  ///< bf16 pairs
   std::uint32_t* out = nullptr;
@@ -216,16 +210,7 @@ struct world {
       CK(cudaMalloc(&m.seq, max_ctas * 8));
       CK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
       streams.push_back(m.stream);
-      std::vector<std::uint32_t> h(static_cast<std::size_t>(words));
-      for (auto& w : h) {  // two bf16 k/16 in [-4, 4): sums of up to 4 ranks are exact
-        auto one = [&] {
-          float const f = static_cast<float>(std::uniform_int_distribution<int>(-64, 63)(g)) / 16.f;
-          std::uint32_t u;
-          std::memcpy(&u, &f, 4);
-          return u >> 16;
-        };
-        w = one() | (one() << 16);
-      }
+      std::vector<std::uint32_t> h = reccl_bench::random_bf16_words(g, static_cast<std::size_t>(words));
       CK(cudaMemcpy(m.in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
       host.push_back(std::move(h));
     }
@@ -253,15 +238,7 @@ struct world {
     for (int r = 0; r < n; ++r) {
       void const* src = outs ? (*outs)[static_cast<std::size_t>(r)] : R[static_cast<std::size_t>(r)].out;
       CK(cudaMemcpy(got.data(), src, got.size() * 4, cudaMemcpyDeviceToHost));
-      for (int i = 0; i < words; ++i) {
-        float lo = 0, hi = 0;
-        for (auto const& h : host) {
-          lo += bf16_to_float(static_cast<std::uint16_t>(h[static_cast<std::size_t>(i)] & 0xffffu));
-          hi += bf16_to_float(static_cast<std::uint16_t>(h[static_cast<std::size_t>(i)] >> 16));
-        }
-        std::uint32_t const w = got[static_cast<std::size_t>(i)];
-        bad += bf16_to_float(static_cast<std::uint16_t>(w & 0xffffu)) != lo || bf16_to_float(static_cast<std::uint16_t>(w >> 16)) != hi;
-      }
+      bad += reccl_bench::wrong_sums(host, got.data(), got.size());
     }
     return bad;
   }
