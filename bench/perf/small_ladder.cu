@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -177,10 +176,6 @@ __global__ void __launch_bounds__((F & wide) ? 512 : 256, 1) lamport_rung(__grid
   if (tid == 0) a.seq[cta] = seq + 1;
 }
 
-__global__ void fill_words(std::uint32_t* p, std::size_t words, std::uint32_t v) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < words; i += gridDim.x * static_cast<std::size_t>(blockDim.x)) p[i] = v;
-}
-
 struct rank_mem {
   std::uint32_t* in = nullptr;  ///< bf16 pairs
   std::uint32_t* out = nullptr;
@@ -220,7 +215,7 @@ struct world {
   /// Fresh protocol state (every rank's counters at 0, slots poisoned) and poisoned outputs.
   void reset() {
     for (auto& m : R) {
-      fill_words<<<264, 256>>>(reinterpret_cast<std::uint32_t*>(m.slots), slots_bytes / 4, dev::lamport_sentinel);
+      reccl::detail::poison_kernel<<<264, 256>>>(reinterpret_cast<std::uint32_t*>(m.slots), slots_bytes / 4);
       CK(cudaGetLastError());
       CK(cudaMemset(m.llslots, 0, ll_slot_words(n, max_words) * 8));
       CK(cudaMemset(m.epochs, 0, max_ctas * 4));
