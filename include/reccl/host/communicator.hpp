@@ -29,6 +29,16 @@
 // say nothing about NVLink. Ranks' kernels must run concurrently: each rank needs its own stream,
 // PDL is off, and max_ctas is capped at SMs / N so that every rank's grid is resident at once.
 //
+// P2P (create_p2p): one rank per process on its own or a shared GPU, no NCCL communicator. The
+// scratch window and the registered buffers are cudaMalloc memory mapped into every rank's process
+// through CUDA IPC (host/ipc_windows.hpp), set up over any all-gather the caller has (a
+// proxy::rank_exchange: an NCCL communicator's, a torch.distributed group's, shared memory): the
+// way engines that bootstrap their own ranks (CUDA IPC handles over a CPU group) reach the fast
+// kernels. The kernels, flags and deadlines are the same as on symmetric windows. allocate() and
+// free() are collective there (every rank, same order), and so is destruction. Processes that share
+// one GPU take turns on it (no MPS): every spin waits for the next time slice, so that is for
+// correctness, with a long timeout_ns, not for speed.
+//
 // Where the pieces live: nvlink/config.hpp (nvlink_config, launch_options), nvlink/planner.hpp (a
 // call's host-side checks and its plan), nvlink/registry.hpp (registered buffers),
 // nvlink/setup_kernels.hpp (window resolution, slot poisoning, the hello handshake), call_digest.hpp
@@ -44,6 +54,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +65,7 @@
 #include "../types.hpp"
 #include "call_digest.hpp"
 #include "error.hpp"
+#include "ipc_windows.hpp"
 #include "nccl.hpp"
 #include "nvlink/config.hpp"
 #include "nvlink/planner.hpp"
@@ -115,6 +127,22 @@ class nvlink_communicator {
     return out;
   }
 
+  /// Rank `rank` of `nranks`, one per process, on the current CUDA device (see "P2P" in the file
+  /// comment). Collective over every rank reached by `exchange`; every rank passes an equal
+  /// configuration (a rank whose configuration differs makes every rank throw status::mismatch). No
+  /// NCCL communicator is involved; nccl() returns nullptr.
+  static nvlink_communicator create_p2p(int rank, int nranks, proxy::rank_exchange exchange, nvlink_config const& cfg = {}) {
+    detail::check_config(cfg);
+    if (nranks < 1 || nranks > device::max_lsa)
+      throw error(status::invalid_argument, "create_p2p: ranks must be in [1, " + std::to_string(device::max_lsa) + "]");
+    if (rank < 0 || rank >= nranks) throw error(status::invalid_argument, "create_p2p: rank outside [0, ranks)");
+    if (!exchange) throw error(status::invalid_argument, "create_p2p: a rank_exchange is required");
+    nvlink_communicator c(rank, nranks, std::move(exchange), cfg);
+    c.launch_hello();
+    c.collect_hello();
+    return c;
+  }
+
   /// `nranks` ranks on GPU `device` (see "Loopback" in the file comment). max_ctas is capped at
   /// SMs / nranks and PDL is turned off. No NCCL communicator is involved; nccl() returns nullptr.
   static std::vector<nvlink_communicator> create_loopback(int nranks, int device = 0, nvlink_config cfg = {}) {
@@ -147,21 +175,25 @@ class nvlink_communicator {
   int rank() const { return s_->rank; }
   int size() const { return s_->nranks; }
   int device() const { return s_->dev; }
-  /// The NCCL communicator this was built on (nullptr for a loopback communicator).
+  /// The NCCL communicator this was built on (nullptr for a loopback or P2P communicator).
   ncclComm_t nccl() const { return s_->comm; }
   bool loopback() const { return s_->loopback; }
+  /// Built with create_p2p() (CUDA IPC windows).
+  bool p2p() const { return s_->ipc != nullptr; }
   nvlink_config const& config() const { return s_->cfg; }
 
   // ---- registered (zero-copy) buffers --------------------------------------------------------
 
-  /// Allocate `bytes` of device memory in a symmetric window. Collective: every rank calls it with
-  /// the same size, in the same order. Freed by free() or at destruction.
+  /// Allocate `bytes` of device memory in a symmetric window (P2P: mapped into every rank through
+  /// CUDA IPC). Collective: every rank calls it with the same size, in the same order. Freed by
+  /// free() or at destruction.
   void* allocate(std::size_t bytes) { return allocate_all({this}, bytes).front(); }
 
   /// allocate() for several communicators driven by one thread (NCCL calls grouped).
   static std::vector<void*> allocate_all(std::vector<nvlink_communicator*> const& comms, std::size_t bytes) {
     if (bytes == 0) throw error(status::invalid_argument, "allocate: size 0");
     if (!comms.empty() && comms.front()->loopback()) return allocate_loopback(comms, bytes);
+    if (!comms.empty() && comms.front()->p2p()) return allocate_p2p(comms, bytes);
     std::vector<detail::registered_buffer> bufs(comms.size());
     for (std::size_t i = 0; i < comms.size(); ++i) {
       comms[i]->set_device();
@@ -190,7 +222,9 @@ class nvlink_communicator {
     return out;
   }
 
-  /// Release a buffer from allocate() (local; no rank may still use it in a collective).
+  /// Release a buffer from allocate(). No rank may still use it in a collective. Local on symmetric
+  /// windows and loopback; collective on a P2P communicator (every rank frees its copy, in the same
+  /// order, since each rank unmaps its peers' copies before they are freed).
   void free(void* p) {
     auto& b = s_->buffers;
     for (std::size_t i = 0; i < b.size(); ++i)
@@ -199,6 +233,8 @@ class nvlink_communicator {
         RECCL_CUDA_CHECK(cudaDeviceSynchronize());
         if (s_->loopback) {
           RECCL_CUDA_CHECK(cudaFree(b[i].base));
+        } else if (b[i].ipc) {
+          b[i].ipc.reset();  // unmaps the peers' copies, waits for every rank to do so, frees mine
         } else {
           RECCL_NCCL_CHECK(s_->comm, ncclCommWindowDeregister(s_->comm, b[i].win));
           RECCL_NCCL_CHECK(s_->comm, ncclMemFree(b[i].base));
@@ -291,6 +327,8 @@ class nvlink_communicator {
   struct state {
     ncclComm_t comm = nullptr;
     bool loopback = false;  ///< create_loopback(): cudaMalloc memory on one GPU, no NCCL
+    std::shared_ptr<ipc_windows> ipc;  ///< create_p2p(): the scratch windows, mapped through CUDA IPC
+    proxy::rank_exchange exchange;     ///< create_p2p(): the all-gather allocate() takes
     int rank = 0, nranks = 0, dev = 0;
     nvlink_config cfg{};
     device::lsa_layout L{};
@@ -305,6 +343,18 @@ class nvlink_communicator {
     /// A destructor cannot throw: each failed call is reported on stderr (RECCL_*_REPORT) and the
     /// teardown goes on, releasing what it still can.
     ~state() {
+      if (ipc != nullptr) {
+        // P2P: every rank tears down together; each mapping's release waits for its peers (host/ipc_windows.hpp)
+        int prev = -1;
+        if (!RECCL_CUDA_REPORT(cudaGetDevice(&prev))) prev = -1;
+        RECCL_CUDA_REPORT(cudaSetDevice(dev));
+        RECCL_CUDA_REPORT(cudaDeviceSynchronize());
+        buffers.clear();
+        ipc.reset();
+        if (hello_result != nullptr) RECCL_CUDA_REPORT(cudaFree(hello_result));
+        if (prev >= 0) RECCL_CUDA_REPORT(cudaSetDevice(prev));
+        return;
+      }
       if (comm == nullptr && !loopback) return;
       int prev = -1;
       if (!RECCL_CUDA_REPORT(cudaGetDevice(&prev))) prev = -1;
@@ -385,6 +435,65 @@ class nvlink_communicator {
     device_guard g(dev);
     RECCL_CUDA_CHECK(cudaMalloc(&s_->scratch, s_->L.total_bytes()));
     init_scratch();
+  }
+
+  /// P2P rank `rank` of `nranks` on the current device: the scratch window is this rank's IPC
+  /// window; every rank's is initialised before any rank writes into a peer's (the hello).
+  nvlink_communicator(int rank, int nranks, proxy::rank_exchange exchange, nvlink_config const& cfg)
+      : s_(std::make_unique<state>()) {
+    s_->cfg = cfg;
+    s_->rank = rank;
+    s_->nranks = nranks;
+    RECCL_CUDA_CHECK(cudaGetDevice(&s_->dev));
+    s_->L = device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
+                                    cfg.ring_depth);
+    s_->exchange = exchange;
+    // the configuration digest is the windows' fingerprint: a rank configured differently fails here
+    s_->ipc = std::make_shared<ipc_windows>(rank, nranks, s_->L.total_bytes(), detail::hello_token(nranks, cfg),
+                                            std::move(exchange), "nvlink_communicator::create_p2p");
+    s_->scratch = s_->ipc->base(rank);
+    for (int r = 0; r < nranks; ++r) s_->scratch_peers[r] = static_cast<char*>(s_->ipc->base(r));
+    std::string why;
+    try {
+      init_scratch();
+    } catch (std::exception const& e) {
+      why = e.what();
+    }
+    agree(why, "could not initialise its scratch window");
+  }
+
+  /// Every P2P rank reports whether its step succeeded; all of them throw, naming the first rank
+  /// that failed, if one did (so no rank goes on to wait for a rank that gave up).
+  void agree(std::string const& why, char const* step) {
+    struct report {
+      std::int32_t failed = 0;
+      char why[156] = {};
+    } mine{}, all[device::max_lsa]{};
+    if (!why.empty()) {
+      mine.failed = 1;
+      std::strncpy(mine.why, why.c_str(), sizeof(mine.why) - 1);
+    }
+    s_->exchange(&mine, all, sizeof(report));
+    for (int r = 0; r < s_->nranks; ++r)
+      if (all[r].failed != 0)
+        throw error(status::internal, "nvlink_communicator::create_p2p: rank " + std::to_string(r) + " " + step + ": " +
+                                          std::string(all[r].why, strnlen(all[r].why, sizeof(all[r].why))),
+                    s_->rank);
+  }
+
+  /// allocate_all() for a P2P communicator: one CUDA IPC mapping per buffer, over the exchange.
+  static std::vector<void*> allocate_p2p(std::vector<nvlink_communicator*> const& comms, std::size_t bytes) {
+    if (comms.size() != 1) throw error(status::invalid_argument, "allocate_all on P2P communicators: one rank per process, call allocate()");
+    nvlink_communicator& c = *comms.front();
+    device_guard g(c.s_->dev);
+    detail::registered_buffer b;
+    b.ipc = std::make_shared<ipc_windows>(c.s_->rank, c.s_->nranks, bytes, static_cast<std::uint64_t>(bytes), c.s_->exchange,
+                                          "nvlink_communicator::allocate");
+    b.base = static_cast<char*>(b.ipc->base(c.s_->rank));
+    b.bytes = bytes;
+    for (int r = 0; r < c.s_->nranks; ++r) b.peers[r] = static_cast<char*>(b.ipc->base(r));
+    c.s_->buffers.push_back(b);
+    return {b.base};
   }
 
   /// Zero the scratch window and poison its one-shot and ring slots ("not arrived").

@@ -1,20 +1,24 @@
 // reccl/host/nvlink/registry.hpp -- a rank's registered (zero-copy) buffers: each one's local
-// range, its NCCL window (none on loopback) and the address of every rank's copy of it.
+// range, its NCCL window or CUDA IPC mapping (neither on loopback) and the address of every rank's
+// copy of it.
 #pragma once
 
 #include <nccl.h>
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "../../device/primitives.hpp"
+#include "../ipc_windows.hpp"
 
 namespace reccl::detail {
 
 struct registered_buffer {
   char* base = nullptr;
   std::size_t bytes = 0;
-  ncclWindow_t win = nullptr;
+  ncclWindow_t win = nullptr;              ///< created on an NCCL communicator
+  std::shared_ptr<ipc_windows> ipc;        ///< created with create_p2p(): the CUDA IPC mapping
   char* peers[device::max_lsa] = {};
 };
 
