@@ -51,6 +51,17 @@ class error : public std::runtime_error {
   std::string detail_;
 };
 
+/// An invalid_argument about this rank's buffers (null, misaligned, overlapping, not registered
+/// where the algorithm needs it): a mistake one rank can make while its peers' calls are fine. The
+/// GPU communicators fail the call's lane on every rank before they throw it, so that peers already
+/// waiting in that call stop at once. Other invalid arguments (dtype, op, root, lane, algorithm,
+/// sizes, split) come from values every rank must pass alike: every rank rejects them, nothing is
+/// launched, and the communicator stays usable.
+class buffer_error : public error {
+ public:
+  explicit buffer_error(std::string const& detail, int rank = -1) : error(status::invalid_argument, detail, rank) {}
+};
+
 /// Throws invalid_argument when collective `c` reduces dtype `t` and this program's reducing kernels
 /// leave `t` out (RECCL_DTYPES, types.hpp). Every GPU entry point calls it before it picks a kernel.
 inline void require_compiled(collective c, dtype t) {

@@ -195,6 +195,12 @@ std::string run_case(world& w, case_spec const& s, std::vector<std::vector<unsig
   }
   try {
     for (int r = 0; r < n; ++r) launch(w.c(r), s, ip[r], op[r], w.streams[r]);
+  } catch (reccl::buffer_error const& e) {
+    for (int r = 0; r < n; ++r) cudaStreamSynchronize(w.streams[r]);
+    // rejected buffers fail the lane on every rank (raise_rejection): start afresh
+    std::string const why = std::string("launch threw: ") + e.what();
+    rebuild(w);
+    return why;
   } catch (reccl::error const& e) {
     for (int r = 0; r < n; ++r) cudaStreamSynchronize(w.streams[r]);
     return std::string("launch threw: ") + e.what();
@@ -510,6 +516,47 @@ TEST_CASE("bad input is rejected on the host before launch") {
   lo.vt_split = &bad;  // sums to 6, count is 10
   CHECK(code([&] { c.all_reduce(in, out, 10, dtype::float32, redop::sum, s, lo); }) == reccl::status::invalid_argument);
   CHECK(code([&] { c.free(in); }) == reccl::status::invalid_argument);
+  // The rejected buffers above (null, misaligned, in-place all-to-all, overlap, two-shot on plain
+  // buffers) failed lane 0 on every rank, naming rank 0; the other rejections launched nothing.
+  for (int r = 0; r < w.n; ++r) {
+    TEST_CK(cudaStreamSynchronize(w.streams[r]));
+    std::string msg;
+    try {
+      w.c(r).check();
+    } catch (reccl::error const& e) {
+      msg = e.what();
+      CHECK(e.code() == reccl::status::invalid_argument);
+    }
+    CHECK_MESSAGE(msg.find("rank 0 rejected its call") != std::string::npos, "rank " << r << ": '" << msg << "'");
+  }
+  rebuild(w);
+  // A peer already waiting in the call stops at once, not at its deadline: rank 0 calls correctly,
+  // rank 1 passes a null output and throws.
+  if (w.n > 1) {
+    auto const t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < w.n; ++r) {
+      void* o = r == 1 ? nullptr : static_cast<void*>(w.plain_out[r]);
+      try {
+        w.c(r).all_reduce(w.plain_in[r], o, 4096, dtype::float32, redop::sum, w.streams[r]);
+        CHECK_MESSAGE(r != 1, "rank 1's null output was accepted");
+      } catch (reccl::error const& e) {
+        CHECK_MESSAGE(r == 1, "rank " << r << " threw: " << e.what());
+      }
+    }
+    for (int r = 0; r < w.n; ++r) TEST_CK(cudaStreamSynchronize(w.streams[r]));
+    double const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string msg;
+    try {
+      w.c(0).check();
+    } catch (reccl::error const& e) {
+      msg = e.what();
+    }
+    MESSAGE("rank 0 stopped " << secs * 1e3 << " ms after the calls began (deadline "
+                              << w.c(0).config().timeout_ns / 1e6 << " ms): " << msg);
+    CHECK(msg.find("rank 1 rejected its call") != std::string::npos);
+    CHECK(secs * 1e9 < 0.5 * static_cast<double>(w.c(0).config().timeout_ns));
+    rebuild(w);
+  }
 }
 
 TEST_CASE("ranks that disagree, or a peer that never arrives, give a clear error within the deadline") {

@@ -270,7 +270,12 @@ class adaptive_lane {
     lo.chunk_bytes = o_.chunk_bytes;
     plan p;
     device::adaptive::adaptive_args a;
-    a.base = c_->prepare(c, in, out, count, t, op, root, lo, p);
+    try {
+      a.base = c_->prepare(c, in, out, count, t, op, root, lo, p);
+    } catch (buffer_error const&) {
+      c_->raise_rejection(lo.lane, s);  // peers already waiting in this call stop now
+      throw;
+    }
     if (count == 0) return;
     if (p.n_vts != o_.vts || p.ctas_per_vt != o_.ctas_per_vt)
       throw error(status::internal, "adaptive_lane: the communicator changed the VT geometry");

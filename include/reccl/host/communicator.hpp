@@ -18,7 +18,9 @@
 // Every collective is stream-ordered and CUDA-graph capturable: no host synchronisation, no
 // allocation, no host-side state that a graph replay would freeze (sequence counters live in device
 // memory). Errors found before launch (null or misaligned pointers, bad enums, unsupported
-// combinations) throw reccl::error. Errors found on the device (ranks that disagree, a peer that
+// combinations) throw reccl::error; those about this rank's buffers (reccl::buffer_error) first fail
+// the call's lane on every rank, so that peers already waiting in the call stop at once
+// (raise_rejection; check() then names the rank). Errors found on the device (ranks that disagree, a peer that
 // never arrives) are recorded in the lane's status word within the configured timeout; status() and
 // check() read it. After a device-side error the lane stays failed: rebuild the communicator.
 //
@@ -306,13 +308,32 @@ class nvlink_communicator {
   /// Throw reccl::error if any lane holds an error.
   void check() const {
     for (int l = 0; l < s_->cfg.lanes; ++l) {
-      status const s = status_of(l);
-      if (s != status::ok && s != status::recovered)
-        throw error(s, "lane " + std::to_string(l) + " of rank " + std::to_string(s_->rank) +
-                           (s == status::timeout    ? ": a peer did not arrive within the timeout"
-                            : s == status::mismatch ? ": ranks disagree on count, dtype, op, root or algorithm"
-                                                    : ": device error"));
+      std::uint32_t w[2] = {};  // the status word and, next to it, who rejected a call (raise_rejection)
+      set_device();
+      RECCL_CUDA_CHECK(cudaMemcpy(w, view(l).status(), sizeof(w), cudaMemcpyDeviceToHost));
+      status const s = static_cast<status>(w[0]);
+      if (s == status::ok || s == status::recovered) continue;
+      std::string why = s == status::timeout    ? ": a peer did not arrive within the timeout"
+                        : s == status::mismatch ? ": ranks disagree on count, dtype, op, root or algorithm"
+                                                : ": device error";
+      if (s == status::invalid_argument)
+        why = w[1] != 0 ? ": rank " + std::to_string(w[1] - 1) + " rejected its call on the host (its exception says why)"
+                        : ": a rank rejected its call on the host";
+      throw error(s, "lane " + std::to_string(l) + " of rank " + std::to_string(s_->rank) + why +
+                         "; the lane stays failed: rebuild the communicator");
     }
+  }
+
+  /// After this rank's host-side checks rejected its buffers for a call on `lane` (reccl::buffer_error:
+  /// a mistake peers do not share): fail that lane on every rank (status::invalid_argument, naming
+  /// this rank), from `stream`, so the peers' kernels of the call stop at their next poll period
+  /// instead of at their deadline. The collectives do this before they throw; engines that validate
+  /// with prepare() call it themselves. Does nothing for a lane outside the configuration.
+  void raise_rejection(int lane, cudaStream_t stream) const {
+    if (lane < 0 || lane >= s_->cfg.lanes) return;
+    device_guard g(s_->dev);
+    detail::raise_rejection_kernel<<<1, 32, 0, stream>>>(view(lane));
+    RECCL_CUDA_CHECK(cudaGetLastError());
   }
   /// Stall counts per VT accumulated on `lane` since creation (pipelined senders' credit waits).
   std::array<std::uint64_t, max_vts> stalls(int lane) const {
@@ -601,7 +622,13 @@ class nvlink_communicator {
   void run(collective c, void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t stream,
            launch_options const& o) {
     plan p;
-    device::coll_args const a = prepare(c, in, out, count, t, op, root, o, p);
+    device::coll_args a;
+    try {
+      a = prepare(c, in, out, count, t, op, root, o, p);
+    } catch (buffer_error const&) {
+      raise_rejection(o.lane, stream);  // a peer may already wait in this call
+      throw;
+    }
     if (count == 0) return;
     device::kernel_fn const k = device::select_kernel(p.algo, c, t);
     if (k == nullptr) throw error(status::invalid_argument, "no kernel for this algorithm and dtype");

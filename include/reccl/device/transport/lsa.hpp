@@ -8,7 +8,8 @@
 //   +--------------------+----------------------------------+----------------------------------+
 //   | header: hello[r']  | lane 0                           | lane 1 ...                       |
 //   +--------------------+----------------------------------+----------------------------------+
-//   lane = | state (local only): status, per-CTA sequence/epoch counters, per-VT stall counters |
+//   lane = | state (local only): status (+ who rejected a call), per-CTA sequence/epoch counters, |
+//          |                     per-VT stall counters                                           |
 //          | barrier inbox   [cta][src]          (u64: epoch << 32 | descriptor)             |
 //          | ready inbox     [cta][warp][src]    (u64: staged chunk sequence published)        |
 //          | credit inbox    [cta][warp][src]    (u64: ring slot sequence released)            |
@@ -105,7 +106,16 @@ struct lsa_view {
     return scratch[owner] + L.header_bytes + static_cast<std::uint64_t>(lane) * L.lane_bytes;
   }
   // local state
-  RECCL_HOST_DEVICE std::uint32_t* status() const { return reinterpret_cast<std::uint32_t*>(lane_base(rank) + L.status_off); }
+  RECCL_HOST_DEVICE std::uint32_t* status() const { return status_of(rank); }
+  /// `owner`'s status word (a peer's: where a rank that rejected a call on the host raises it).
+  RECCL_HOST_DEVICE std::uint32_t* status_of(int owner) const {
+    return reinterpret_cast<std::uint32_t*>(lane_base(owner) + L.status_off);
+  }
+  /// Next to `owner`'s status word: 1 + the rank whose host-side checks rejected a call and raised
+  /// the lane's error everywhere, or 0 (the error, if any, was found on the device).
+  RECCL_HOST_DEVICE std::uint32_t* rejected_by(int owner) const {
+    return reinterpret_cast<std::uint32_t*>(lane_base(owner) + L.status_off) + 1;
+  }
   RECCL_HOST_DEVICE std::uint64_t* one_shot_seq(int cta) const {
     return reinterpret_cast<std::uint64_t*>(lane_base(rank) + L.one_shot_seq_off) + cta;
   }

@@ -63,21 +63,21 @@ class nvlink_planner {
     if (count == 0) return k;
     if (count > (std::uint64_t(1) << 40)) throw error(status::invalid_argument, "count above 2^40 elements");
     k.reads_in = c != collective::broadcast || rank_ == root;
-    if ((k.reads_in && in == nullptr) || out == nullptr) throw error(status::invalid_argument, "null buffer pointer");
+    if ((k.reads_in && in == nullptr) || out == nullptr) throw buffer_error("null buffer pointer");
     std::size_t const es = size_of(t);
     // reductions load whole elements; copying collectives move raw bytes (any alignment)
     std::size_t const align = reduces(c) ? es : 1;
     if ((k.reads_in && reinterpret_cast<std::uintptr_t>(in) % align != 0) || reinterpret_cast<std::uintptr_t>(out) % align != 0)
-      throw error(status::invalid_argument, "buffer pointer not aligned to the element size");
+      throw buffer_error("buffer pointer not aligned to the element size");
     k.shape = shape_of(c, count, t);
     k.seg = static_cast<std::uint64_t>(count) * es;
     k.in_place = k.reads_in && is_in_place(c, in, out, k.seg);
-    if (c == collective::all_to_all && k.in_place) throw error(status::invalid_argument, "all_to_all cannot run in place");
+    if (c == collective::all_to_all && k.in_place) throw buffer_error("all_to_all cannot run in place");
     if (k.reads_in && !k.in_place) {
       auto const* i0 = static_cast<char const*>(in);
       auto const* o0 = static_cast<char const*>(out);
       if (i0 < o0 + k.seg * k.shape.out_segments && o0 < i0 + k.seg * k.shape.in_segments)
-        throw error(status::invalid_argument, "input and output overlap (other than the in-place layout)");
+        throw buffer_error("input and output overlap (other than the in-place layout)");
     }
     return k;
   }
@@ -133,10 +133,9 @@ class nvlink_planner {
         [[fallthrough]];
       case algorithm::direct:
         if (!registered)
-          throw error(status::invalid_argument, std::string(device::name(p.algo)) +
-                                                    " needs buffers from allocate() (registered symmetric windows)");
+          throw buffer_error(std::string(device::name(p.algo)) + " needs buffers from allocate() (registered symmetric windows)");
         if (p.algo == algorithm::direct && c == collective::all_reduce && in_place)
-          throw error(status::invalid_argument, "direct all_reduce is out-of-place only (use two_shot)");
+          throw buffer_error("direct all_reduce is out-of-place only (use two_shot)");
         break;
       case algorithm::pipelined: break;
       case algorithm::automatic: break;

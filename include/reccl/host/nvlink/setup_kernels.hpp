@@ -1,6 +1,7 @@
-// reccl/host/nvlink/setup_kernels.hpp -- the kernels an NVLink-path communicator runs once, at
-// creation or registration: resolving a window's peer addresses, poisoning slots ("not arrived"),
-// and the hello handshake that fails creation when ranks were configured differently.
+// reccl/host/nvlink/setup_kernels.hpp -- the kernels an NVLink-path communicator runs besides the
+// collectives: at creation or registration, resolving a window's peer addresses, poisoning slots
+// ("not arrived") and the hello handshake that fails creation when ranks were configured
+// differently; and, when its host-side checks reject a call, raising that on every rank's lane.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +46,22 @@ __global__ void hello_kernel(device::lsa_view v, std::uint64_t token, std::uint6
   } else if (got != token) {
     atomicCAS(result, 0u, static_cast<std::uint32_t>(status::mismatch));
   }
+}
+
+/// A call rejected on the host by rank v.rank: its lane fails on every rank with
+/// status::invalid_argument and the rejecting rank recorded, so the peers' kernels of that call
+/// stop at their next poll period (lane_guard) instead of at their deadline. An error already on a
+/// lane stays (the first wins); `recovered` (not an error) is replaced.
+template <int Unused = 0>
+__global__ void raise_rejection_kernel(device::lsa_view v) {
+  int const owner = static_cast<int>(threadIdx.x);
+  if (owner >= v.nranks) return;
+  std::uint32_t* const word = v.status_of(owner);
+  std::uint32_t const bad = static_cast<std::uint32_t>(status::invalid_argument);
+  std::uint32_t prev = atomicCAS(word, 0u, bad);
+  if (prev == static_cast<std::uint32_t>(status::recovered)) prev = atomicCAS(word, prev, bad) == prev ? 0u : 1u;
+  if (prev == 0) atomicExch(v.rejected_by(owner), static_cast<std::uint32_t>(v.rank + 1));
+  __threadfence_system();
 }
 
 /// The configuration digest each rank sends in the hello handshake: every field that must be equal
