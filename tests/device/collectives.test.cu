@@ -18,6 +18,9 @@
 #include <sstream>
 
 #include "../../bench/perf/reference.cuh"
+#include "reccl/host/nvlink_collective.hpp"
+#include "reccl/policy/allocator/equal.hpp"
+#include "reccl/policy/telemetry/none.hpp"
 #include "support.cuh"
 
 using namespace gpu_test;
@@ -132,6 +135,7 @@ struct case_spec {
   reccl::split const* sp = nullptr;
   int ctas = 0;
   int chunk = 0;
+  bool composed = false;  // through collective_op<..., transport::nvlink, ...> (one_shot / two_shot schedule)
 };
 
 std::string describe(case_spec const& s) {
@@ -139,11 +143,45 @@ std::string describe(case_spec const& s) {
   o << reccl::name(s.c) << " " << reccl::name(s.t) << " " << reccl::name(s.op) << " count=" << s.count << " algo="
     << reccl::device::name(s.algo) << (s.in_place ? " in-place" : " out-of-place") << (s.registered ? " registered" : " plain")
     << " misalign=" << s.misalign << " root=" << s.root << " ctas=" << s.ctas << " chunk=" << s.chunk
-    << (s.sp ? " explicit-split" : "");
+    << (s.sp ? " explicit-split" : "") << (s.composed ? " composed" : "");
   return o.str();
 }
 
+/// The case through the composed type whose schedule names the case's algorithm.
+template <collective K, class T>
+void launch_composed(reccl::nvlink_communicator& c, case_spec const& s, void const* in, void* out, cudaStream_t st) {
+  auto go = [&]<class S>() {
+    using op_t = reccl::collective_op<K, T, S, reccl::transport::nvlink, reccl::telemetry::none, reccl::allocator::equal>;
+    reccl::nvlink_call_options o;
+    o.root = s.root;
+    o.lane = s.lane;
+    o.ctas = s.ctas;
+    reccl::plan const p = op_t::run(c, static_cast<T const*>(in), static_cast<T*>(out), s.count, s.op, st, o);
+    if (s.count != 0 && p.algo != s.algo) throw reccl::error(reccl::status::internal, "the composed type ran another engine");
+  };
+  if (s.algo == algorithm::one_shot) go.template operator()<reccl::schedule::one_shot>();
+  else if constexpr (K == collective::all_reduce || K == collective::reduce_scatter) go.template operator()<reccl::schedule::two_shot>();
+  else throw reccl::error(reccl::status::invalid_argument, "no composed schedule for this case");
+}
+
 void launch(reccl::nvlink_communicator& c, case_spec const& s, void const* in, void* out, cudaStream_t st) {
+  if (s.composed) {
+    auto by_type = [&]<collective K>() {
+      bool const ok = reccl::device::with_compiled_dtype<bool>(s.t, false, [&](auto e) {
+        launch_composed<K, typename decltype(e)::type>(c, s, in, out, st);
+        return true;
+      });
+      if (!ok) throw reccl::error(reccl::status::invalid_argument, "dtype not compiled");
+    };
+    switch (s.c) {
+      case collective::all_reduce: by_type.template operator()<collective::all_reduce>(); break;
+      case collective::reduce_scatter: by_type.template operator()<collective::reduce_scatter>(); break;
+      case collective::all_gather: by_type.template operator()<collective::all_gather>(); break;
+      case collective::broadcast: by_type.template operator()<collective::broadcast>(); break;
+      case collective::all_to_all: by_type.template operator()<collective::all_to_all>(); break;
+    }
+    return;
+  }
   reccl::launch_options lo;
   lo.algo = s.algo;
   lo.lane = s.lane;
@@ -309,6 +347,42 @@ TEST_CASE("every collective, dtype, op, size, algorithm and placement matches th
               }
       }
   MESSAGE(cases << " cases, " << failures << " failures");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("the composed types on transport::nvlink run their schedule's engine and match the CPU reference") {
+  REQUIRE_WORLD();
+  // one_shot: every collective on plain buffers; two_shot: all-reduce (two-shot engine) and
+  // reduce-scatter (direct engine) on registered buffers; in and out of place
+  std::uint64_t const counts[] = {0, 1, 7, 1001, 4099, 65536};
+  int failures = 0, cases = 0;
+  for (collective c : all_colls)
+    for (dtype t : all_dtypes)
+      for (redop op : {redop::sum, redop::max})
+        for (std::uint64_t count : counts)
+          for (algorithm a : {algorithm::one_shot, algorithm::two_shot})
+            for (int ip = 0; ip < 2; ++ip) {
+              if (!reccl::reduces(c) && op != redop::sum) continue;
+              bool const two = a == algorithm::two_shot;
+              if (two && c != collective::all_reduce && c != collective::reduce_scatter) continue;
+              if (ip && c == collective::all_to_all) continue;
+              case_spec s;
+              s.c = c;
+              s.t = t;
+              s.op = op;
+              s.count = count;
+              s.algo = two && c == collective::reduce_scatter ? algorithm::direct : a;
+              s.in_place = ip;
+              s.registered = two;
+              s.root = (count % 2 == 1 && w.n > 1) ? 1 : 0;
+              s.composed = true;
+              std::string const why = run_case(w, s);
+              if (w.loop && a == algorithm::one_shot && why.find("too large for the one-shot slots") != std::string::npos) continue;
+              ++cases;
+              if (!why.empty() && ++failures <= 20) FAIL_CHECK(describe(s) << ": " << why);
+            }
+  MESSAGE(cases << " composed cases, " << failures << " failures");
+  CHECK(cases > 0);
   CHECK(failures == 0);
 }
 
