@@ -99,6 +99,20 @@ template <> struct dtype_element<dtype::float32> { using type = float; };
 template <> struct dtype_element<dtype::float64> { using type = double; };
 template <dtype D> using dtype_element_t = typename dtype_element<D>::type;
 
+/// The dtype of element type T (the inverse of dtype_element).
+template <class T>
+consteval dtype element_dtype() {
+  if constexpr (std::is_same_v<T, std::int32_t>) return dtype::int32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return dtype::int64;
+  else if constexpr (std::is_same_v<T, __half>) return dtype::float16;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return dtype::bfloat16;
+  else if constexpr (std::is_same_v<T, float>) return dtype::float32;
+  else {
+    static_assert(std::is_same_v<T, double>, "reccl: GPU element types are int32_t, int64_t, __half, __nv_bfloat16, float, double");
+    return dtype::float64;
+  }
+}
+
 namespace detail {
 template <dtype D, class R, class F> R if_compiled(R none, F& f) {
   if constexpr (dtype_compiled(D)) return f(std::type_identity<dtype_element_t<D>>{});

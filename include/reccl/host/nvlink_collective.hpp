@@ -71,21 +71,6 @@ struct nvlink_call_options {
 
 namespace detail {
 
-/// The element type's dtype (the six types the engines reduce).
-template <class T>
-consteval dtype nvlink_dtype() {
-  if constexpr (std::is_same_v<T, std::int32_t>) return dtype::int32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return dtype::int64;
-  else if constexpr (std::is_same_v<T, __half>) return dtype::float16;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return dtype::bfloat16;
-  else if constexpr (std::is_same_v<T, float>) return dtype::float32;
-  else {
-    static_assert(std::is_same_v<T, double>,
-                  "reccl: transport::nvlink runs on int32_t, int64_t, __half, __nv_bfloat16, float or double");
-    return dtype::float64;
-  }
-}
-
 /// The engine a Schedule runs as on the fast path, for collective K.
 template <collective K, class S>
 consteval algorithm nvlink_algorithm() {
@@ -122,7 +107,7 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
   static_assert(!M::enabled,
                 "reccl: the one-shot and two-shot engines count no stalls: compose transport::nvlink with telemetry::none "
                 "(stall telemetry: transport::p2p, or the adaptive lane of host/adaptive.hpp)");
-  constexpr dtype t = detail::nvlink_dtype<T>();
+  constexpr dtype t = device::element_dtype<T>();
   constexpr algorithm algo = detail::nvlink_algorithm<Kind, S>();
   launch_options lo;
   lo.algo = algo;
