@@ -1,6 +1,7 @@
 // GPU test of the usual engine layouts: one process per GPU (forked before any CUDA call), each
 // building its own reccl communicator on ncclCommInitRank; and, with no NCCL communicator, 2 and 3
-// processes sharing GPU 0 on P2P windows (create_p2p: CUDA IPC over a shared-memory all-gather). Every collective runs with each
+// processes sharing GPU 0 on P2P windows (create_p2p: CUDA IPC over a shared-memory all-gather);
+// and the load/store handle of transport::p2p on NCCL symmetric windows (one process per GPU). Every collective runs with each
 // algorithm on random inputs, plain and registered buffers, eager and inside a CUDA graph, and is
 // checked bitwise against the CPU reference of tests/device/support.cuh (rank order, fp32
 // accumulation of 16-bit floats), computed on the host from the same generated inputs.
@@ -17,6 +18,12 @@
 
 #include "../../bench/perf/reference.cuh"
 #include "forked_ranks.hpp"
+#include "reccl/host/p2p_collective.hpp"
+#include "reccl/host/p2p_nccl.hpp"
+#include "reccl/policy/allocator/equal.hpp"
+#include "reccl/policy/schedule/one_shot.hpp"
+#include "reccl/policy/schedule/ring.hpp"
+#include "reccl/policy/telemetry/none.hpp"
 #include "support.cuh"
 
 using namespace gpu_test;
@@ -146,10 +153,12 @@ int shared_gpu_rank(int rank, int n, reccl::proxy::rank_exchange ex) {
 
 }  // namespace
 
-TEST_CASE("one process per GPU: every collective and algorithm, eager and in a CUDA graph") {
-  int const n = 2;
-  std::array<std::array<int, 2>, 2> pipes{};
-  for (auto& p : pipes) REQUIRE(pipe(p.data()) == 0);
+/// Forks `n` ranks, one per GPU, that share an NCCL unique id (rank 0 makes it); each runs
+/// `rank_fn(rank, n, id)` and exits with its result. Skipped when there are fewer than n GPUs.
+template <class RankFn>
+void run_nccl_ranks(int n, RankFn&& rank_fn) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
   std::vector<pid_t> kids;
   for (int r = 0; r < n; ++r) {
     pid_t const pid = fork();
@@ -160,13 +169,14 @@ TEST_CASE("one process per GPU: every collective and algorithm, eager and in a C
       ncclUniqueId id;
       if (r == 0) {
         if (ncclGetUniqueId(&id) != ncclSuccess) _exit(2);
-        if (write(pipes[1][1], &id, sizeof(id)) != sizeof(id)) _exit(2);
-      } else if (read(pipes[1][0], &id, sizeof(id)) != sizeof(id)) {
+        for (int k = 1; k < n; ++k)
+          if (write(fds[1], &id, sizeof(id)) != sizeof(id)) _exit(2);
+      } else if (read(fds[0], &id, sizeof(id)) != sizeof(id)) {
         _exit(2);
       }
       int rc = 3;
       try {
-        rc = rank_main(r, n, id);
+        rc = rank_fn(r, n, id);
       } catch (std::exception const& e) {
         std::fprintf(stderr, "rank %d: %s\n", r, e.what());
       }
@@ -188,8 +198,55 @@ TEST_CASE("one process per GPU: every collective and algorithm, eager and in a C
     }
     CHECK_MESSAGE(WEXITSTATUS(st) == 0, "rank " << r << " exit code " << WEXITSTATUS(st));
   }
+  close(fds[0]);
+  close(fds[1]);
   REQUIRE_MESSAGE((skipped == 0 || skipped == n), skipped << " of " << n << " ranks found too few GPUs");
   if (skipped) SKIP_CASE("needs " << n << " GPUs (one process per GPU), fewer here");
+}
+
+/// The load/store handle over NCCL symmetric windows (create_p2p_on_nccl): the composed ring and
+/// one-shot all-reduce on int32 (exact in any order) against the CPU reference.
+static int nccl_handle_rank(int rank, int n, ncclUniqueId id) {
+  TEST_CK(cudaSetDevice(rank));
+  ncclComm_t nc;
+  TEST_NK(ncclCommInitRank(&nc, n, id, rank));
+  cudaStream_t s;
+  TEST_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    reccl::p2p_config cfg;
+    cfg.data_bytes = 8u << 20;
+    reccl::p2p_communicator comm = reccl::create_p2p_on_nccl(nc, cfg);
+    std::uint64_t const count = 1000003;
+    std::int32_t *in, *out;
+    TEST_CK(cudaMalloc(&in, count * 4));
+    TEST_CK(cudaMalloc(&out, count * 4));
+    std::vector<unsigned char> const want = host_expected(collective::all_reduce, dtype::int32, redop::sum, 0, count, rank, n, 77);
+    auto one = [&]<class S>(char const* name) {
+      reccl::bench::fill(dtype::int32, in, count, 77, rank, 0, s);
+      reccl::bench::poison(dtype::int32, out, count, s);
+      reccl::all_reduce<std::int32_t, S, reccl::transport::p2p, reccl::telemetry::none, reccl::allocator::equal>::run(
+          comm, in, out, count, redop::sum, s);
+      TEST_CK(cudaStreamSynchronize(s));
+      comm.check();
+      char what[96];
+      std::snprintf(what, sizeof what, "rank %d: %s all-reduce on NCCL windows", rank, name);
+      std::uint64_t const wrong = count_wrong(dtype::int32, out, want, what);
+      EXPECT(wrong == 0, "%s: %llu wrong", what, static_cast<unsigned long long>(wrong));
+    };
+    one.template operator()<reccl::schedule::ring>("ring");
+    one.template operator()<reccl::schedule::one_shot>("one_shot");
+    TEST_CK(cudaFree(in));
+    TEST_CK(cudaFree(out));
+  }  // the window is deregistered before the NCCL communicator goes
+  TEST_NK(ncclCommFinalize(nc));
+  TEST_NK(ncclCommDestroy(nc));
+  return child_fails == 0 ? 0 : 1;
+}
+
+TEST_CASE("one process per GPU: every collective and algorithm, eager and in a CUDA graph") { run_nccl_ranks(2, rank_main); }
+
+TEST_CASE("one process per GPU: the load/store handle on NCCL symmetric windows runs the composed collectives") {
+  run_nccl_ranks(2, nccl_handle_rank);
 }
 
 TEST_CASE("P2P (CUDA IPC, no NCCL): 2 and 3 processes sharing GPU 0, every collective and algorithm") {

@@ -419,14 +419,7 @@ class nvlink_communicator {
 
   nvlink_communicator(ncclComm_t comm, nvlink_config const& cfg) : s_(std::make_unique<state>()) {
     if (comm == nullptr) throw error(status::invalid_argument, "null NCCL communicator");
-    int const lib = detail::loaded_nccl_version();
-    char const* allow = std::getenv("RECCL_ALLOW_NCCL_MISMATCH");
-    if (lib != NCCL_VERSION_CODE && !(allow != nullptr && allow[0] == '1'))
-      throw error(status::invalid_argument,
-                  "NCCL library version " + std::to_string(lib) + " differs from the headers reccl was compiled with (" +
-                      std::to_string(NCCL_VERSION_CODE) +
-                      "); the device API has no ABI guarantee across releases (set RECCL_ALLOW_NCCL_MISMATCH=1 to "
-                      "override)");
+    detail::require_matching_nccl();
     s_->cfg = cfg;
     RECCL_NCCL_CHECK(comm, ncclCommCuDevice(comm, &s_->dev));
     RECCL_NCCL_CHECK(comm, ncclCommUserRank(comm, &s_->rank));

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <string>
 
 #include "error.hpp"
@@ -61,6 +62,19 @@ inline int loaded_nccl_version() {
   int v = 0;
   check_nccl(ncclGetVersion(&v), nullptr, "ncclGetVersion");
   return v;
+}
+
+/// Throws unless the loaded NCCL library is the version of the headers reccl was compiled with (the
+/// device API has no ABI guarantee across releases); RECCL_ALLOW_NCCL_MISMATCH=1 overrides.
+inline void require_matching_nccl() {
+  int const lib = loaded_nccl_version();
+  char const* allow = std::getenv("RECCL_ALLOW_NCCL_MISMATCH");
+  if (lib != NCCL_VERSION_CODE && !(allow != nullptr && allow[0] == '1'))
+    throw error(status::invalid_argument,
+                "NCCL library version " + std::to_string(lib) + " differs from the headers reccl was compiled with (" +
+                    std::to_string(NCCL_VERSION_CODE) +
+                    "); the device API has no ABI guarantee across releases (set RECCL_ALLOW_NCCL_MISMATCH=1 to "
+                    "override)");
 }
 
 /// An NCCL group that is closed on every path: end() closes it and reports NCCL's result; if a

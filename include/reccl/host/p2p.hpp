@@ -1,13 +1,15 @@
 // reccl/host/p2p.hpp -- the P2P transport's host object: one window per rank mapped into every
 // rank's address space, and the device handle (device::memory_handle) that kernels take by value.
 //
-// Two ways to build one, neither needs NCCL:
+// Ways to build one; only the last needs NCCL:
 //   * create(rank, nranks, exchange): one rank per process. Windows travel as CUDA IPC handles
 //     through any rank_exchange (an all-gather: an NCCL communicator's (reccl::nccl_exchange), a
 //     torch.distributed group's, shared memory). Processes may use different GPUs with peer access
 //     or share one GPU.
 //   * create_loopback(nranks, device): every rank in this process, on one GPU (tests, development
 //     without NVLink) -- the same kernels and protocols on plain device memory.
+//   * adopt(rank, windows, owner): windows the caller mapped itself, e.g. NCCL symmetric windows
+//     (create_p2p_on_nccl, host/p2p_nccl.hpp) -- the same handle over the LSA pointers.
 //
 // Reservations: reserve_flags() and reserve_bytes()/allocate() hand out flags and symmetric bytes
 // of the window; every rank must make the same reservations in the same order (they are counters,
@@ -92,6 +94,30 @@ class p2p_communicator {
       out.push_back(std::move(c));
     }
     return out;
+  }
+
+  /// Bytes every rank's window needs for `nranks` ranks with `cfg` (what adopt() expects).
+  static std::uint64_t window_bytes(int nranks, p2p_config const& cfg = {}) {
+    check_config(nranks, cfg);
+    return device::memory_layout::make(nranks, cfg.n_flags, cfg.data_bytes).total;
+  }
+
+  /// Rank `rank` over windows mapped by the caller: `windows[r]` is rank r's window as this GPU
+  /// reaches it (current device), window_bytes(windows.size(), cfg) bytes each, zeroed before any
+  /// rank's kernel uses it and the same size and configuration on every rank (the caller's job:
+  /// reccl cannot compare layouts without an exchange). `owner` keeps the windows alive; it is
+  /// released after everything built on this communicator.
+  static p2p_communicator adopt(int rank, std::vector<void*> const& windows, std::shared_ptr<void> owner, p2p_config const& cfg = {}) {
+    int const nranks = static_cast<int>(windows.size());
+    check_config(nranks, cfg);
+    if (rank < 0 || rank >= nranks) throw reccl::error(status::invalid_argument, "p2p_communicator::adopt: rank out of range", rank);
+    for (void* w : windows)
+      if (w == nullptr || reinterpret_cast<std::uintptr_t>(w) % 4096 != 0)
+        throw reccl::error(status::invalid_argument, "p2p_communicator::adopt: a window is null or not 4096-byte aligned", rank);
+    p2p_communicator c(rank, cfg, device::memory_layout::make(nranks, cfg.n_flags, cfg.data_bytes));
+    c.owner_ = std::move(owner);
+    for (int q = 0; q < std::min(nranks, device::max_memory_ranks); ++q) c.h_.windows[q] = static_cast<char*>(windows[static_cast<std::size_t>(q)]);
+    return c;
   }
 
   int rank() const { return h_.my_rank; }
@@ -217,6 +243,7 @@ class p2p_communicator {
   device::plan_lane lane_{};
   std::shared_ptr<ipc_windows> ipc_;
   std::shared_ptr<loopback_memory> loopback_;
+  std::shared_ptr<void> owner_;  ///< adopt(): whatever keeps the caller's windows alive
   // declared last: destroyed first, while the windows still exist
   std::shared_ptr<std::unordered_map<std::type_index, std::shared_ptr<void>>> attachments_ =
       std::make_shared<std::unordered_map<std::type_index, std::shared_ptr<void>>>();
