@@ -16,6 +16,8 @@
 //
 // Arithmetic: what the plan says, element by element, rounded to T after each combine (the CPU
 // engine's arithmetic, cpu/numeric.hpp): the GPU and CPU runs of one schedule give the same bits.
+// Data moves in 16-byte packs where source and destination agree modulo 16 (apply_span, and the
+// handle's copy for sends), element by element elsewhere.
 // Deadlock freedom is the CPU executor's: sends to one peer go in list order, applies go in list
 // order, and everything else progresses independently.
 //
@@ -105,6 +107,44 @@ RECCL_DEVICE T load_cg(T const* p) {
   return t;
 }
 
+/// dst[i] = x[i], or dst[i] = dst[i] (op) x[i] rounded to T, for i < n, with x = src (`Peer`: written
+/// by another rank into this GPU's memory, read around L1). Thread t of `threads` takes every
+/// threads-th element, or 16-byte pack where dst and src agree modulo 16 (the elements before the
+/// first whole pack, and after the last, one by one). Each element is touched by one thread, so
+/// the arithmetic is the element-wise one whatever the split.
+template <class T, bool Peer>
+RECCL_DEVICE void apply_span(T* dst, T const* src, std::uint64_t n, bool reduce, redop op, int t, int threads) {
+  constexpr std::uint64_t V = 16 / sizeof(T);
+  static_assert(16 % sizeof(T) == 0);
+  std::uint64_t const T_ = static_cast<std::uint64_t>(threads);
+  auto one = [&](std::uint64_t i) {
+    T const x = Peer ? load_cg(src + i) : src[i];
+    dst[i] = reduce ? combine_rounded<T>(op, dst[i], x) : x;
+  };
+  std::uintptr_t const da = reinterpret_cast<std::uintptr_t>(dst);
+  bool const vec = ((da ^ reinterpret_cast<std::uintptr_t>(src)) & 15u) == 0;
+  std::uint64_t const head = !vec ? n : ((16 - da % 16) % 16 / sizeof(T) < n ? (16 - da % 16) % 16 / sizeof(T) : n);
+  for (std::uint64_t i = static_cast<std::uint64_t>(t); i < head; i += T_) one(i);
+  if (!vec) return;
+  std::uint64_t const packs = (n - head) / V;
+  uint4* const dp = reinterpret_cast<uint4*>(dst + head);
+  uint4 const* const sp = reinterpret_cast<uint4 const*>(src + head);
+  for (std::uint64_t p = static_cast<std::uint64_t>(t); p < packs; p += T_) {
+    uint4 x = Peer ? __ldcg(sp + p) : sp[p];
+    if (reduce) {
+      uint4 const y = dp[p];
+      T xs[V], ys[V];
+      memcpy(xs, &x, 16);
+      memcpy(ys, &y, 16);
+#pragma unroll
+      for (std::uint64_t k = 0; k < V; ++k) ys[k] = combine_rounded<T>(op, ys[k], xs[k]);
+      memcpy(&x, ys, 16);
+    }
+    dp[p] = x;
+  }
+  for (std::uint64_t i = head + packs * V + static_cast<std::uint64_t>(t); i < n; i += T_) one(i);
+}
+
 /// The sender side of one stream: fills slots of `peer`'s ring and publishes them.
 template <class T, class S>
 struct stream_sender {
@@ -185,12 +225,7 @@ struct stream_receiver {
       }
       std::uint64_t const take = len < E - in_slot ? len : E - in_slot;
       T const* const s = reinterpret_cast<T const*>(a.lane.slot(a.h, a.h.rank(), src, cta, seq)) + in_slot;
-      if (reduce) {
-        for (std::uint64_t i = static_cast<std::uint64_t>(tid); i < take; i += plan_apply_threads)
-          dst[i] = combine_rounded<T>(a.op, dst[i], load_cg(s + i));
-      } else {
-        for (std::uint64_t i = static_cast<std::uint64_t>(tid); i < take; i += plan_apply_threads) dst[i] = load_cg(s + i);
-      }
+      apply_span<T, true>(dst, s, take, reduce, a.op, tid, plan_apply_threads);
       pos += take;
       dst += take;
       len -= take;
@@ -274,11 +309,9 @@ __global__ void __launch_bounds__(plan_threads, 1) plan_kernel(plan_args<T, S> c
                                        [&](std::uint64_t soff, std::uint64_t slen) {
                                          std::uint64_t const lo = dpos > spos ? dpos : spos;
                                          std::uint64_t const hi = dpos + dlen < spos + slen ? dpos + dlen : spos + slen;
-                                         for (std::uint64_t i = lo + static_cast<std::uint64_t>(t); i < hi; i += plan_apply_threads) {
-                                           T* const d = work + doff + (i - dpos);
-                                           T const x = a.buf.input[soff + (i - spos)];
-                                           *d = red ? combine_rounded<T>(a.op, *d, x) : x;
-                                         }
+                                         if (lo < hi)
+                                           detail::apply_span<T, false>(work + doff + (lo - dpos), a.buf.input + soff + (lo - spos),
+                                                                        hi - lo, red, a.op, t, plan_apply_threads);
                                          spos += slen;
                                        });
               dpos += dlen;
