@@ -253,6 +253,17 @@ void launch_rung(Args const& a, int ctas, cudaStream_t s) {
   CK(cudaLaunchKernelEx(&cfg, lamport_rung<F, Args>, a));
 }
 
+/// Every rung is timed and checked the same way: `issue(rank)` captured `iters` times per rank,
+/// the median of `reps` replays, then the outputs (`outs`, or the world's) against the sums.
+template <class Issue>
+double time_case(world& w, int words, int iters, int reps, long& bad, Issue&& issue, std::vector<void*> const* outs = nullptr) {
+  auto exec = reccl_bench::capture_per_rank(w.streams, iters, issue);
+  double const us = reccl_bench::time_graphs(w.streams, exec, iters, reps);
+  CK(cudaDeviceSynchronize());
+  bad = w.wrong(words, outs);
+  return us;
+}
+
 template <unsigned F, class Args>
 double time_rung(world& w, int words, int ctas, int iters, int reps, long& bad) {
   w.reset();
@@ -272,25 +283,17 @@ double time_rung(world& w, int words, int ctas, int iters, int reps, long& bad) 
     a.desc = 0x1234567u;
     a.timeout_ns = 2'000'000'000ull;
   }
-  auto exec = reccl_bench::capture_per_rank(w.streams, iters, [&](int r) { launch_rung<F>(args[static_cast<std::size_t>(r)], ctas, w.streams[static_cast<std::size_t>(r)]); });
-  double const us = reccl_bench::time_graphs(w.streams, exec, iters, reps);
-  CK(cudaDeviceSynchronize());
-  bad = w.wrong(words);
-  return us;
+  return time_case(w, words, iters, reps, bad, [&](int r) { launch_rung<F>(args[static_cast<std::size_t>(r)], ctas, w.streams[static_cast<std::size_t>(r)]); });
 }
 
 double time_floor(world& w, int words, int ctas, int iters, int reps, long& bad) {
   w.reset();
   ll_floor_peers p{};
   for (int q = 0; q < w.n; ++q) p.slots[q] = w.R[static_cast<std::size_t>(q)].llslots;
-  auto exec = reccl_bench::capture_per_rank(w.streams, iters, [&](int r) {
+  return time_case(w, words, iters, reps, bad, [&](int r) {
     auto const& m = w.R[static_cast<std::size_t>(r)];
     ll_floor_allreduce<<<ctas, 256, 0, m.stream>>>(m.in, m.out, p, r, w.n, m.epochs, words);
   });
-  double const us = reccl_bench::time_graphs(w.streams, exec, iters, reps);
-  CK(cudaDeviceSynchronize());
-  bad = w.wrong(words);
-  return us;
 }
 
 double time_reccl(world& w, std::vector<reccl::nvlink_communicator>& comms, int words, int ctas, int iters, int reps, long& bad) {
@@ -301,14 +304,10 @@ double time_reccl(world& w, std::vector<reccl::nvlink_communicator>& comms, int 
   std::size_t const count = static_cast<std::size_t>(words) * 2;
   std::vector<void*> outs;
   for (auto& m : w.R) outs.push_back(m.out);
-  auto exec = reccl_bench::capture_per_rank(w.streams, iters, [&](int r) {
+  return time_case(w, words, iters, reps, bad, [&](int r) {
     auto const& m = w.R[static_cast<std::size_t>(r)];
     comms[static_cast<std::size_t>(r)].all_reduce(m.in, m.out, count, reccl::dtype::bfloat16, reccl::redop::sum, m.stream, o);
-  });
-  double const us = reccl_bench::time_graphs(w.streams, exec, iters, reps);
-  CK(cudaDeviceSynchronize());
-  bad = w.wrong(words, &outs);
-  return us;
+  }, &outs);
 }
 
 }  // namespace
