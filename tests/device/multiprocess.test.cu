@@ -164,6 +164,7 @@ void run_nccl_ranks(int n, RankFn&& rank_fn) {
     pid_t const pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+      close(r == 0 ? fds[0] : fds[1]);  // rank 0 only writes, the others only read: EOF if rank 0 dies
       int dev = 0;
       if (cudaGetDeviceCount(&dev) != cudaSuccess || dev < n) _exit(77);
       ncclUniqueId id;
@@ -185,6 +186,8 @@ void run_nccl_ranks(int n, RankFn&& rank_fn) {
     }
     kids.push_back(pid);
   }
+  close(fds[0]);
+  close(fds[1]);
   // a rank that finds fewer than n GPUs exits 77: every rank sees the same devices, so either all
   // of them skip or none does
   int skipped = 0;
@@ -198,8 +201,6 @@ void run_nccl_ranks(int n, RankFn&& rank_fn) {
     }
     CHECK_MESSAGE(WEXITSTATUS(st) == 0, "rank " << r << " exit code " << WEXITSTATUS(st));
   }
-  close(fds[0]);
-  close(fds[1]);
   REQUIRE_MESSAGE((skipped == 0 || skipped == n), skipped << " of " << n << " ranks found too few GPUs");
   if (skipped) SKIP_CASE("needs " << n << " GPUs (one process per GPU), fewer here");
 }

@@ -68,6 +68,7 @@
 #include "call_digest.hpp"
 #include "error.hpp"
 #include "ipc_windows.hpp"
+#include "launch.hpp"
 #include "nccl.hpp"
 #include "nvlink/config.hpp"
 #include "nvlink/planner.hpp"
@@ -131,17 +132,32 @@ class nvlink_communicator {
 
   /// Rank `rank` of `nranks`, one per process, on the current CUDA device (see "P2P" in the file
   /// comment). Collective over every rank reached by `exchange`; every rank passes an equal
-  /// configuration (a rank whose configuration differs makes every rank throw status::mismatch). No
-  /// NCCL communicator is involved; nccl() returns nullptr.
+  /// configuration (a rank whose configuration differs, or is invalid, makes every rank throw). No
+  /// NCCL communicator is involved; nccl() returns nullptr. Copies of `exchange` are kept (for
+  /// allocate() and teardown): they must share its state.
   static nvlink_communicator create_p2p(int rank, int nranks, proxy::rank_exchange exchange, nvlink_config const& cfg = {}) {
-    detail::check_config(cfg);
     if (nranks < 1 || nranks > device::max_lsa)
       throw error(status::invalid_argument, "create_p2p: ranks must be in [1, " + std::to_string(device::max_lsa) + "]");
     if (rank < 0 || rank >= nranks) throw error(status::invalid_argument, "create_p2p: rank outside [0, ranks)");
     if (!exchange) throw error(status::invalid_argument, "create_p2p: a rank_exchange is required");
+    // `exchange` is copied (the windows keep copies for allocate() and teardown): its copies must
+    // share their state, each call of any copy being the rank's next all-gather
     nvlink_communicator c(rank, nranks, std::move(exchange), cfg);
-    c.launch_hello();
-    c.collect_hello();
+    // every rank learns whether every rank's hello passed, so none goes on with a communicator its
+    // peers tore down (their next exchanges would pair with the wrong calls)
+    std::string why;
+    status code = status::ok;
+    try {
+      c.launch_hello();
+      c.collect_hello();
+    } catch (error const& e) {
+      why = e.what();
+      code = e.code();
+    } catch (std::exception const& e) {
+      why = e.what();
+      code = status::internal;
+    }
+    c.agree(why, code, "failed the hello handshake");
     return c;
   }
 
@@ -328,10 +344,15 @@ class nvlink_communicator {
   /// a mistake peers do not share): fail that lane on every rank (status::invalid_argument, naming
   /// this rank), from `stream`, so the peers' kernels of the call stop at their next poll period
   /// instead of at their deadline. The collectives do this before they throw; engines that validate
-  /// with prepare() call it themselves. Does nothing for a lane outside the configuration.
+  /// with prepare() call it themselves. Does nothing for a lane outside the configuration, nor on a
+  /// stream that is being captured.
   void raise_rejection(int lane, cudaStream_t stream) const {
     if (lane < 0 || lane >= s_->cfg.lanes) return;
     device_guard g(s_->dev);
+    // During graph capture the kernel would be recorded, not run (and would fail every replay):
+    // nothing is raised then; the throw ends this rank's capture.
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
     detail::raise_rejection_kernel<<<1, 32, 0, stream>>>(view(lane));
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
@@ -422,6 +443,7 @@ class nvlink_communicator {
     detail::require_matching_nccl();
     s_->cfg = cfg;
     RECCL_NCCL_CHECK(comm, ncclCommCuDevice(comm, &s_->dev));
+    { device_guard g(s_->dev); load_setup_kernels(); }
     RECCL_NCCL_CHECK(comm, ncclCommUserRank(comm, &s_->rank));
     RECCL_NCCL_CHECK(comm, ncclCommCount(comm, &s_->nranks));
     if (s_->nranks > device::max_lsa)
@@ -447,6 +469,7 @@ class nvlink_communicator {
     s_->L = device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
                                     cfg.ring_depth);
     device_guard g(dev);
+    load_setup_kernels();
     RECCL_CUDA_CHECK(cudaMalloc(&s_->scratch, s_->L.total_bytes()));
     init_scratch();
   }
@@ -458,42 +481,69 @@ class nvlink_communicator {
     s_->cfg = cfg;
     s_->rank = rank;
     s_->nranks = nranks;
-    RECCL_CUDA_CHECK(cudaGetDevice(&s_->dev));
+    s_->exchange = exchange;
+    {
+      // local checks first, agreed: a rank that fails them alone must not leave its peers waiting
+      // in the windows' exchange
+      std::string why;
+      status code = status::ok;
+      try {
+        detail::check_config(cfg);
+        RECCL_CUDA_CHECK(cudaGetDevice(&s_->dev));
+        load_setup_kernels();
+      } catch (error const& e) {
+        why = e.what();
+        code = e.code();
+      } catch (std::exception const& e) {
+        why = e.what();
+        code = status::internal;
+      }
+      agree(why, code, "could not start");
+    }
     s_->L = device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
                                     cfg.ring_depth);
-    s_->exchange = exchange;
     // the configuration digest is the windows' fingerprint: a rank configured differently fails here
     s_->ipc = std::make_shared<ipc_windows>(rank, nranks, s_->L.total_bytes(), detail::hello_token(nranks, cfg),
                                             std::move(exchange), "nvlink_communicator::create_p2p");
     s_->scratch = s_->ipc->base(rank);
     for (int r = 0; r < nranks; ++r) s_->scratch_peers[r] = static_cast<char*>(s_->ipc->base(r));
     std::string why;
+    status code = status::ok;
     try {
       init_scratch();
+    } catch (error const& e) {
+      why = e.what();
+      code = e.code();
     } catch (std::exception const& e) {
       why = e.what();
+      code = status::internal;
     }
-    agree(why, "could not initialise its scratch window");
+    agree(why, code, "could not initialise its scratch window");
   }
 
-  /// Every P2P rank reports whether its step succeeded; all of them throw, naming the first rank
-  /// that failed, if one did (so no rank goes on to wait for a rank that gave up).
-  void agree(std::string const& why, char const* step) {
+  /// Every P2P rank reports whether its step succeeded (`code` ok) or why not; if one failed,
+  /// every rank throws that rank's status and reason (so no rank goes on to wait for, or exchange
+  /// with, a rank that gave up).
+  void agree(std::string const& why, status code, char const* step) {
     struct report {
-      std::int32_t failed = 0;
-      char why[156] = {};
+      std::uint32_t code = 0;
+      char why[252] = {};
     } mine{}, all[device::max_lsa]{};
-    if (!why.empty()) {
-      mine.failed = 1;
+    if (code != status::ok) {
+      mine.code = static_cast<std::uint32_t>(code);
       std::strncpy(mine.why, why.c_str(), sizeof(mine.why) - 1);
     }
     s_->exchange(&mine, all, sizeof(report));
     for (int r = 0; r < s_->nranks; ++r)
-      if (all[r].failed != 0)
-        throw error(status::internal, "nvlink_communicator::create_p2p: rank " + std::to_string(r) + " " + step + ": " +
-                                          std::string(all[r].why, strnlen(all[r].why, sizeof(all[r].why))),
+      if (all[r].code != 0)
+        throw error(static_cast<status>(all[r].code), "nvlink_communicator::create_p2p: rank " + std::to_string(r) + " " + step +
+                                                          ": " + std::string(all[r].why, strnlen(all[r].why, sizeof(all[r].why))),
                     s_->rank);
   }
+
+  /// The kernels a communicator may launch while a peer's kernel spins on the same GPU (a lazy
+  /// module load would wait for it: host/launch.hpp) are loaded at creation.
+  static void load_setup_kernels() { load_kernel(reinterpret_cast<void const*>(&detail::raise_rejection_kernel<0>)); }
 
   /// allocate_all() for a P2P communicator: one CUDA IPC mapping per buffer, over the exchange.
   static std::vector<void*> allocate_p2p(std::vector<nvlink_communicator*> const& comms, std::size_t bytes) {

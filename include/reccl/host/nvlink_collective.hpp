@@ -19,9 +19,9 @@
 // (algorithm::pipelined), a Schedule type does not name it.
 //
 // Counts, call shape, stream ordering, graph capture and errors are the runtime API's
-// (host/communicator.hpp): this is the same plan with the algorithm fixed by the type, and only T's
-// kernel instantiated (a program that uses only composed types compiles no dtype table). Buffers
-// this rank's checks reject fail the lane on every rank (raise_rejection) before the throw.
+// (host/communicator.hpp): this is the same plan with the algorithm fixed by the type, launched as
+// T's kernel directly (RECCL_DTYPES still applies: a dtype left out is refused at run time).
+// Buffers this rank's checks reject fail the lane on every rank (raise_rejection) before the throw.
 //
 // Arithmetic: the fast path's (rank order, fp32 accumulation of 16-bit floats, one rounding), not
 // the schedule's round-after-every-combine: with 16-bit floats and 3 or more ranks the bits can
@@ -120,7 +120,7 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
   try {
     if (o.vt_shares != nullptr) {
       if (check(*o.vt_shares) != status::ok) throw error(status::invalid_argument, "vt_shares is not a valid split", comm.rank());
-      sp = to_split(*o.vt_shares, count, 1);
+      sp = to_split(*o.vt_shares, count, 16 / sizeof(T));  // VT edges on whole 16-byte packs, as the table's
       lo.vt_split = &sp;
     }
     a = comm.prepare(Kind, send, recv, count, t, op, o.root, lo, p);

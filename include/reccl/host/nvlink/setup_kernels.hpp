@@ -51,17 +51,20 @@ __global__ void hello_kernel(device::lsa_view v, std::uint64_t token, std::uint6
 /// A call rejected on the host by rank v.rank: its lane fails on every rank with
 /// status::invalid_argument and the rejecting rank recorded, so the peers' kernels of that call
 /// stop at their next poll period (lane_guard) instead of at their deadline. An error already on a
-/// lane stays (the first wins); `recovered` (not an error) is replaced.
+/// lane stays (the first wins; check() then ignores the name); `recovered` (not an error) is replaced.
+/// System-scope atomics: the owner's own kernels CAS the same word.
 template <int Unused = 0>
 __global__ void raise_rejection_kernel(device::lsa_view v) {
   int const owner = static_cast<int>(threadIdx.x);
   if (owner >= v.nranks) return;
+  // the name first (the first rejecting rank keeps it), then the status a peer's waits react to:
+  // whoever sees the status and then reads the name finds it
+  atomicCAS_system(v.rejected_by(owner), 0u, static_cast<std::uint32_t>(v.rank + 1));
+  __threadfence_system();
   std::uint32_t* const word = v.status_of(owner);
   std::uint32_t const bad = static_cast<std::uint32_t>(status::invalid_argument);
-  std::uint32_t prev = atomicCAS(word, 0u, bad);
-  if (prev == static_cast<std::uint32_t>(status::recovered)) prev = atomicCAS(word, prev, bad) == prev ? 0u : 1u;
-  if (prev == 0) atomicExch(v.rejected_by(owner), static_cast<std::uint32_t>(v.rank + 1));
-  __threadfence_system();
+  if (atomicCAS_system(word, 0u, bad) == static_cast<std::uint32_t>(status::recovered))
+    atomicCAS_system(word, static_cast<std::uint32_t>(status::recovered), bad);
 }
 
 /// The configuration digest each rank sends in the hello handshake: every field that must be equal
