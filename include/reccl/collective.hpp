@@ -9,7 +9,8 @@
 // run_collective<Kind, T, S, M, A>(comm, ...), found by argument-dependent lookup in the namespace
 // of the transport's communicator type (reccl::cpu for transport::cpu_threads). Another transport
 // plugs in by declaring its own communicator type and run_collective overload in its namespace:
-// reccl::p2p_communicator (reccl/host/p2p_collective.hpp) runs the same types on GPUs.
+// reccl::p2p_communicator (reccl/host/p2p_collective.hpp) runs the same types on GPUs through the
+// schedule agent, reccl::nvlink_communicator (reccl/host/nvlink_collective.hpp) on the fast engines.
 #pragma once
 
 #include <cstdint>
