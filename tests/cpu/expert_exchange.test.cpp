@@ -121,7 +121,7 @@ TEST_CASE("all_to_allv: every count zero, and a VT that dies mid-run still deliv
       for (std::int64_t i = 0; i < c.counts[s][d]; ++i) REQUIRE(recv[d][ro[d][s] + i] == c.send[s][c.offsets[s][d] + i]);
 }
 
-TEST_CASE("all_to_allv: bad counts or a receive buffer too small fail every rank, naming the rank; the communicator stays usable") {
+TEST_CASE("all_to_allv: bad counts or a receive buffer too small fail every rank, naming the rank, and the communicator stays usable") {
   int const n = 3;
   cpu::communicator comm(small(n, 2));
   v_case const c = make_v_case(n, 5, 50);

@@ -58,10 +58,12 @@ constexpr std::int64_t reject_word(call_reject why, int rank) {
 }  // namespace detail
 
 /// all-to-allv on rank `rank` of `comm` (see reccl/all_to_allv.hpp). `refuse` and `why` let a
-/// caller built on it (MoE dispatch) fold its own checks into the agreement step.
+/// caller built on it (MoE dispatch) fold its own checks into the agreement step; `op_name`
+/// begins its error messages.
 template <class T, Schedule S, Telemetry M, Allocator A>
 all_to_allv_result run_all_to_allv(communicator& comm, int rank, v_send<T> send, v_recv<T> recv, A const& alloc = A{},
-                                   call_reject refuse = call_reject::none, std::string why = {}) {
+                                   call_reject refuse = call_reject::none, std::string why = {},
+                                   char const* op_name = "all_to_allv") {
   int const n = comm.nranks();
   if (rank < 0 || rank >= n) throw error(status::invalid_argument, "rank outside [0, nranks)", rank);
   using i64 = std::int64_t;
@@ -97,7 +99,7 @@ all_to_allv_result run_all_to_allv(communicator& comm, int rank, v_send<T> send,
     int const who = static_cast<int>(all[0] & 0xff) - 1;
     auto const kind = static_cast<call_reject>(all[0] >> 8);
     std::string const what = who == rank ? why : "rank " + std::to_string(who) + " refused the call: " + std::string(describe(kind));
-    throw error(status::invalid_argument, "all_to_allv: " + what, who);
+    throw error(status::invalid_argument, std::string(op_name) + ": " + what, who);
   }
 
   // -- 3. data

@@ -151,7 +151,7 @@ class expert_exchange {
     auto const moved = run_all_to_allv<std::int32_t, S, M, A>(
         comm_, rank_, v_send<std::int32_t>{out_words.data(), out_words.size(), out_counts.data(), out_offsets.data()},
         v_recv<std::int32_t>{in_words_.data(), in_words_.size(), in_counts.data(), in_offsets.data()}, alloc_, refuse,
-        why);
+        why, "moe dispatch");
 
     // File every (row, slot) under its local expert: count, place, remember where each goes back.
     int const epr = g.experts_per_rank();
@@ -215,7 +215,8 @@ class expert_exchange {
     std::vector<Tok> landed(static_cast<std::uint64_t>(pairs * H));
     auto const moved = run_all_to_allv<Tok, S, M, A>(
         comm_, rank_, v_send<Tok>{back.data(), back.size(), out_counts.data(), out_offsets.data()},
-        v_recv<Tok>{landed.data(), landed.size(), in_counts.data(), in_offsets.data()}, alloc_, refuse, why);
+        v_recv<Tok>{landed.data(), landed.size(), in_counts.data(), in_offsets.data()}, alloc_, refuse, why,
+        "moe combine");
     for (std::uint64_t t = 0; t < tokens_; ++t)
       for (std::int64_t h = 0; h < H; ++h) {
         float acc = 0.f;
