@@ -17,12 +17,14 @@
 //
 // Like collective_op, run() reaches the transport's engine through an unqualified call of
 // run_all_to_allv<T, S, M, A>(comm, ...), found by argument-dependent lookup: the CPU engine's is in
-// reccl/cpu/all_to_allv.hpp.
+// reccl/cpu/all_to_allv.hpp, the P2P transport's (counts in device memory) in
+// reccl/host/p2p_all_to_allv.hpp.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "policy/allocator/allocator.hpp"
 #include "policy/schedule/schedule.hpp"
@@ -88,6 +90,13 @@ struct all_to_allv_op {
   /// Runs the exchange on `rank` (call from every rank); see the file comment.
   static auto run(communicator& comm, int rank, v_send<T> send, v_recv<T> recv, A const& alloc = A{}) {
     return run_all_to_allv<T, S, M, A>(comm, rank, send, recv, alloc);
+  }
+
+  /// The GPU transports' shape: one communicator per rank, then the stream and options, e.g.
+  /// run(comm, send, recv, stream) (reccl/host/p2p_all_to_allv.hpp).
+  template <class... Args>
+  static auto run(communicator& comm, v_send<T> send, v_recv<T> recv, Args&&... args) {
+    return run_all_to_allv<T, S, M, A>(comm, send, recv, std::forward<Args>(args)...);
   }
 };
 

@@ -52,6 +52,7 @@ enum class fault_cause : std::uint16_t {
   buffer_not_in_window,  ///< host-side check: a buffer the call needs in the window is not there
   bad_argument,       ///< host-side check: another argument out of range
   user,               ///< a user kernel's own fault (record_fault with a user status)
+  receive_overflow,   ///< more data arrives than the rank's receive buffer holds (all-to-allv)
 };
 
 constexpr char const* name(fault_cause c) {
@@ -64,6 +65,7 @@ constexpr char const* name(fault_cause c) {
     case fault_cause::buffer_not_in_window: return "buffer not in the communicator's window";
     case fault_cause::bad_argument: return "bad argument";
     case fault_cause::user: return "user fault";
+    case fault_cause::receive_overflow: return "receive buffer too small for what arrives";
   }
   return "?";
 }
