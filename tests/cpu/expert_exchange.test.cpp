@@ -11,6 +11,7 @@
 
 #include <reccl/cpu/expert_exchange.hpp>
 
+#include "moe_cases.hpp"
 #include "support.hpp"
 
 using namespace reccl_test;
@@ -172,59 +173,6 @@ namespace {
 using bf16 = reccl::bfloat16;
 template <class Tok>
 using exchange = cpu::expert_exchange<Tok, schedule::all_to_all, telemetry::none, allocator::equal>;
-
-enum class routing_kind { uniform, skewed, one_rank, sparse };
-
-/// Every rank's tokens and routing for one case.
-template <class Tok>
-struct moe_case {
-  moe::routing g;
-  int hidden;
-  std::vector<std::uint64_t> tokens;            // per rank
-  std::vector<std::vector<Tok>> x;              // [tokens, hidden]
-  std::vector<std::vector<std::int32_t>> idx;   // [tokens, k]
-  std::vector<std::vector<float>> w;            // [tokens, k]
-};
-
-template <class Tok>
-moe_case<Tok> make_moe_case(moe::routing g, int hidden, std::uint64_t max_tokens, routing_kind kind, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  moe_case<Tok> c{g, hidden, {}, {}, {}, {}};
-  int const n = g.nranks, k = g.top_k;
-  for (int r = 0; r < n; ++r) {
-    std::uint64_t const t_n = r == 0 ? max_tokens : rng() % (max_tokens + 1);  // rank 0 full, others any (0 too)
-    c.tokens.push_back(t_n);
-    std::vector<Tok> x(t_n * hidden);
-    for (auto& v : x) v = Tok(float(int(rng() % 2001) - 1000) / 64.f);
-    std::vector<std::int32_t> idx(t_n * k);
-    std::vector<float> w(t_n * k);
-    for (std::uint64_t t = 0; t < t_n; ++t) {
-      std::vector<int> pool(g.n_experts);
-      for (int e = 0; e < g.n_experts; ++e) pool[e] = e;
-      if (kind == routing_kind::skewed) {  // most slots on the first experts: rank 0's, half of the rest never chosen
-        for (int j = 0; j < k; ++j) idx[t * k + j] = -1;
-        int const hot = std::max(k, g.n_experts / 4);
-        std::shuffle(pool.begin(), pool.begin() + hot, rng);
-        for (int j = 0; j < k; ++j) idx[t * k + j] = pool[j];
-      } else if (kind == routing_kind::one_rank) {  // every token to experts of rank n-1
-        int const epr = g.experts_per_rank();
-        std::shuffle(pool.begin() + (n - 1) * epr, pool.end(), rng);
-        for (int j = 0; j < k; ++j) idx[t * k + j] = j < epr ? pool[(n - 1) * epr + j] : -1;
-      } else {
-        std::shuffle(pool.begin(), pool.end(), rng);
-        for (int j = 0; j < k; ++j) idx[t * k + j] = pool[j];
-        if (kind == routing_kind::sparse)
-          for (int j = 0; j < k; ++j)
-            if (rng() % 3 == 0) idx[t * k + j] = -1;  // unused slots, some tokens with none
-      }
-      for (int j = 0; j < k; ++j) w[t * k + j] = float(rng() % 1000 + 1) / 1024.f + 1e-3f * float(j);
-    }
-    c.x.push_back(std::move(x));
-    c.idx.push_back(std::move(idx));
-    c.w.push_back(std::move(w));
-  }
-  return c;
-}
 
 /// The expert function the tests apply: y = round(x * (1 + e/8) - e/16), with e the global expert.
 template <class Tok>

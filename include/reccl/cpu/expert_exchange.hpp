@@ -27,18 +27,6 @@
 #include "../moe/routing.hpp"
 #include "all_to_allv.hpp"
 
-namespace reccl::moe {
-
-/// What an expert exchange is created for; every rank passes the same values.
-struct exchange_config {
-  routing route;
-  std::uint64_t max_tokens = 0;  ///< tokens one rank passes to one dispatch, at most
-  int hidden = 0;                ///< values per token row
-  int align = 1;                 ///< each expert's first row is a multiple of this (1: packed)
-};
-
-}  // namespace reccl::moe
-
 namespace reccl::cpu {
 
 /// What dispatch returns on each rank.

@@ -78,6 +78,14 @@ RECCL_HOST_DEVICE constexpr receive_bound receive_bound_of(routing const& g, std
   return {rows, rows * static_cast<std::uint64_t>(g.max_slots_per_rank()) + pad};
 }
 
+/// What an expert exchange (CPU engine or GPU) is created for; every rank passes the same values.
+struct exchange_config {
+  routing route;
+  std::uint64_t max_tokens = 0;  ///< tokens one rank passes to one dispatch, at most
+  int hidden = 0;                ///< values per token row
+  int align = 1;                 ///< each expert's first row is a multiple of this (1: packed)
+};
+
 /// `n` rounded up to a multiple of `align` (align >= 1).
 RECCL_HOST_DEVICE constexpr std::uint64_t align_up(std::uint64_t n, std::uint64_t align) {
   return (n + align - 1) / align * align;

@@ -1,0 +1,405 @@
+// reccl/device/agent/expert_exchange.hpp -- MoE dispatch and combine on the load/store handle:
+// the same layout and arithmetic as the CPU engine's (reccl/cpu/expert_exchange.hpp), with the
+// routing in device memory and no host synchronisation (capturable in a CUDA graph).
+//
+//   dispatch, on every rank (stream order):
+//   1. layout   (1 CTA)   rank every slot among this rank's slots of the same expert and of the same
+//                         destination rank, and every token among this rank's tokens to each rank,
+//                         in (token, slot) order; publish a row of the table in my window --
+//                         counts per expert, rows and (token, slot) pairs per destination, and a
+//                         refusal (an expert index outside [-1, n_experts)); exchange rows with
+//                         every rank. Every rank then sees the same table: a refusal anywhere
+//                         records the same fault (naming the rank) everywhere, and nothing moves
+//   2. send     (G CTAs)  from the table: where each expert's rows start on its rank (aligned), and
+//                         how many rows of each expert lower ranks send. Each token row crosses once
+//                         to each rank it visits, into the grouped position of its first slot there,
+//                         with a record {grouped position, return index} per slot; signal done
+//   3. file     (G CTAs)  wait for every rank's done; copy each row to its other slots' positions
+//                         (local), zero the padding rows
+//   combine:
+//   4. return   (G CTAs)  for each record, put y's row at each slot's position into the token's
+//                         rank, at the slot's return index there; signal done
+//   5. sum      (G CTAs)  wait for every rank's done; out[t] = round(fma over slots in top-k order)
+//
+// Reuse across calls needs no extra round: a rank writes into rank d's window (grouped rows,
+// records) only after d's layout step of the same call has published its row, which comes after
+// d's previous combine in d's stream; combine writes into the token's rank only after that rank's
+// dispatch of the same call, which follows its previous sum. Epochs are per-CTA sequence words.
+#pragma once
+
+#include <cstdint>
+
+#include "../../moe/routing.hpp"
+#include "../element.hpp"
+#include "../handle/memory.hpp"
+#include "../wait.hpp"
+
+namespace reccl::device {
+
+inline constexpr int moe_layout_threads = 1024;  ///< one CTA, 32 warps
+inline constexpr int moe_threads = 512;
+inline constexpr int moe_max_experts = 1024;
+
+/// Window offsets and flags of one expert exchange (reserved at its creation, in the same order on
+/// every rank), and its local scratch (plain device memory).
+struct moe_lane {
+  flag_id table{};  ///< layout CTA's row published
+  flag_id done{};   ///< done.index + cta: dispatch's puts of CTA cta finished
+  flag_id back{};   ///< back.index + cta: combine's puts of CTA cta finished
+  std::uint64_t table_off = 0, grouped_off = 0, records_off = 0, landing_off = 0;
+  std::int32_t ctas = 1;
+  std::int32_t align = 1;
+  std::int32_t hidden = 0;
+  moe::routing route{};
+  std::uint64_t max_tokens = 0;
+
+  /// A table row (int64 words): counts per expert [E], rows per rank [n], pairs per rank [n], refusal.
+  RECCL_HOST_DEVICE constexpr int row_words() const { return route.n_experts + 2 * route.nranks + 1; }
+  RECCL_HOST_DEVICE constexpr int record_words() const { return 2 * route.top_k; }
+};
+
+struct moe_scratch {
+  std::int32_t* erank = nullptr;     ///< [max_tokens * k] slot's rank among my slots of its expert
+  std::int32_t* drank = nullptr;     ///< [max_tokens * k] ... among my slots to its rank
+  std::int32_t* rrank = nullptr;     ///< [max_tokens * n] token's rank among my tokens to rank d (-1: none)
+  std::int32_t* hist = nullptr;      ///< [32][row_words]: per-warp counts, then per-warp bases
+  std::int64_t* slot_rows = nullptr; ///< [max_tokens * k] where each slot's row comes back (-1: unused)
+  std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of rows received per source (dispatch's send step)
+  std::int32_t* expert_counts = nullptr;   ///< [experts_per_rank]
+  std::int32_t* expert_offsets = nullptr;  ///< [experts_per_rank + 1]
+};
+
+template <class Tok>
+struct moe_args {
+  memory_handle h;
+  moe_lane lane;
+  moe_scratch s;
+  Tok const* x = nullptr;             ///< dispatch: [n_tokens, hidden]
+  std::int32_t const* topk_idx = nullptr;
+  Tok const* y = nullptr;             ///< combine: experts' outputs, laid out like the grouped rows
+  float const* topk_weights = nullptr;
+  Tok* out = nullptr;                 ///< combine: [n_tokens, hidden]
+  std::uint64_t n_tokens = 0;
+};
+
+namespace moe_detail {
+
+RECCL_DEVICE std::uint32_t lanes_below() {
+  std::uint32_t m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+/// One warp ranks `key` (any int; -1 and below take no part) among the warp's lanes and the
+/// running counts `count[key]`: returns count[key] before this round + the lanes below with the
+/// same key, and adds the round's lanes to count[key]. Lanes of the warp must all call it.
+RECCL_DEVICE std::int32_t rank_in_round(std::int32_t key, std::int32_t* count, int lane) {
+  std::uint32_t const peers = __match_any_sync(0xffffffffu, key < 0 ? -1 - lane - 64 : key);
+  std::int32_t rank = -1;
+  if (key >= 0) rank = count[key] + __popc(peers & lanes_below());
+  __syncwarp();
+  if (key >= 0 && (__ffs(peers) - 1) == lane) count[key] += __popc(peers);
+  __syncwarp();
+  return rank;
+}
+
+template <class Tok>
+RECCL_DEVICE float to_float(Tok v) {
+  using bits = typename bits_of<sizeof(Tok)>::type;
+  bits b;
+  memcpy(&b, &v, sizeof(Tok));
+  return static_cast<float>(element<Tok>::to_acc(b));
+}
+template <class Tok>
+RECCL_DEVICE Tok from_float(float f) {
+  auto const b = element<Tok>::from_acc(f);
+  Tok v;
+  memcpy(&v, &b, sizeof(Tok));
+  return v;
+}
+
+/// Reads the fault word once per CTA: true in every thread when the rank has failed.
+RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
+  __shared__ int f;
+  if (threadIdx.x == 0) f = h.faulted() ? 1 : 0;
+  __syncthreads();
+  return f != 0;
+}
+
+}  // namespace moe_detail
+
+/// Step 1 (one CTA of moe_layout_threads).
+template <class Tok>
+__global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args<Tok> const a) {
+  using namespace moe_detail;
+  memory_handle const& h = a.h;
+  moe::routing const g = a.lane.route;
+  int const n = g.nranks, k = g.top_k, E = g.n_experts, me = h.rank();
+  int const W = a.lane.row_words();
+  int const tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warps = moe_layout_threads / 32;
+  std::uint64_t const T = a.n_tokens;
+  std::uint64_t const chunk = (T + warps - 1) / warps;
+  std::uint64_t const t0 = chunk * warp < T ? chunk * warp : T, t1 = t0 + chunk < T ? t0 + chunk : T;
+  std::int32_t* const mine = a.s.hist + static_cast<std::int64_t>(warp) * W;
+  for (int i = lane; i < W; i += 32) mine[i] = 0;
+  __syncwarp();
+  bool bad = false;
+  // slots of this warp's tokens, in (token, slot) order: rank by expert and by destination rank
+  for (std::uint64_t q0 = t0 * k; q0 < t1 * k; q0 += 32) {
+    std::uint64_t const q = q0 + lane;
+    std::int32_t e = q < t1 * k ? a.topk_idx[q] : -1;
+    if (e < -1 || e >= E) bad = true, e = -1;
+    std::int32_t const er = rank_in_round(e, mine, lane);
+    std::int32_t const dr = rank_in_round(e < 0 ? -1 : g.rank_of(e), mine + E + n, lane);
+    if (q < t1 * k) a.s.erank[q] = er, a.s.drank[q] = dr;
+  }
+  // tokens of this warp: rank among the tokens to each rank
+  for (std::uint64_t u0 = t0; u0 < t1; u0 += 32) {
+    std::uint64_t const t = u0 + lane;
+    std::uint64_t m = t < t1 ? moe::ranks_of_token(g, a.topk_idx + t * k) : 0;
+    if (m == moe::bad_token) m = 0;
+    for (int d = 0; d < n; ++d) {
+      std::int32_t const r = rank_in_round((m >> d) & 1u ? d : -1, mine + E, lane);
+      if (t < t1) a.s.rrank[t * n + d] = r;
+    }
+  }
+  int const refused = __syncthreads_or(bad ? 1 : 0);
+  // per-warp counts -> per-warp bases; the totals are this rank's row of the table
+  std::int64_t* const row = h.at<std::int64_t>(me, a.lane.table_off);
+  for (int c = tid; c < W - 1; c += blockDim.x) {
+    std::int32_t run = 0;
+    for (int w = 0; w < warps; ++w) {
+      std::int32_t const v = a.s.hist[w * W + c];
+      a.s.hist[w * W + c] = run;
+      run += v;
+    }
+    row[c] = run;
+  }
+  if (tid == 0) row[W - 1] = refused;
+  __syncthreads();
+  // final ranks, and where each slot's row comes back in combine (after the pairs of lower ranks)
+  __shared__ std::int64_t pair_base[max_memory_ranks];
+  if (tid == 0) {
+    std::int64_t at = 0;
+    for (int d = 0; d < n; ++d) pair_base[d] = at, at += row[E + n + d];
+  }
+  __syncthreads();
+  for (std::uint64_t q = tid; q < T * k; q += blockDim.x) {
+    std::int32_t const w = static_cast<std::int32_t>((q / k) / chunk);
+    std::int32_t const e = a.topk_idx[q];
+    if (refused || e < 0) {
+      a.s.slot_rows[q] = -1;
+      continue;
+    }
+    std::int32_t const d = g.rank_of(e);
+    a.s.erank[q] += a.s.hist[w * W + e];
+    a.s.drank[q] += a.s.hist[w * W + E + n + d];
+    a.s.slot_rows[q] = pair_base[d] + a.s.drank[q];
+  }
+  for (std::uint64_t i = tid; i < T * n; i += blockDim.x) {
+    std::int32_t const w = static_cast<std::int32_t>((i / n) / chunk);
+    if (a.s.rrank[i] >= 0) a.s.rrank[i] += a.s.hist[w * W + E + static_cast<int>(i % n)];
+  }
+  // exchange rows
+  std::uint64_t* const seq = h.sequence(a.lane.table);
+  std::uint64_t const epoch = *seq + 1;
+  deadline_clock clock(h.timeout_ns);
+  bool ok = true;
+  __syncthreads();  // the row precedes the signals
+  if (tid < n && tid != me) {
+    h.signal(tid, a.lane.table, epoch);
+    ok = h.wait(a.lane.table, tid, epoch, clock);
+  }
+  if (__syncthreads_and(ok ? 1 : 0) == 0) return;
+  if (tid == 0) {
+    for (int s = 0; s < n; ++s)
+      if (load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(h.at<std::int64_t>(s, a.lane.table_off) + W - 1)) != 0) {
+        h.record_fault(fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument});
+        break;
+      }
+    *seq = epoch;
+  }
+}
+
+/// Step 2 (lane.ctas CTAs of moe_threads).
+template <class Tok>
+__global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> const a) {
+  using namespace moe_detail;
+  memory_handle const& h = a.h;
+  moe::routing const g = a.lane.route;
+  int const n = g.nranks, k = g.top_k, E = g.n_experts, epr = g.experts_per_rank(), me = h.rank();
+  int const W = a.lane.row_words(), R = a.lane.record_words();
+  int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
+  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
+  std::uint64_t const epoch = *seq + 1;
+  if (cta_faulted(h)) return;
+  __shared__ std::int32_t below[moe_max_experts];   // rows of expert e that lower ranks send
+  __shared__ std::int32_t start[moe_max_experts];   // first grouped row of expert e on its rank
+  __shared__ std::int64_t rows_below[max_memory_ranks];
+  auto table = [&](int s, int w) {
+    return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(h.at<std::int64_t>(s, a.lane.table_off) + w)));
+  };
+  for (int e = tid; e < E; e += blockDim.x) {
+    std::int32_t b = 0, total = 0;
+    for (int s = 0; s < n; ++s) {
+      std::int32_t const c = static_cast<std::int32_t>(table(s, e));
+      if (s < me) b += c;
+      total += c;
+    }
+    below[e] = b;
+    start[e] = total;  // the total for now; turned into the start below
+  }
+  if (tid < n) {
+    std::int64_t b = 0;
+    for (int s = 0; s < me; ++s) b += table(s, E + tid);
+    rows_below[tid] = b;
+  }
+  __syncthreads();
+  if (tid < n) {  // rank tid's experts: aligned prefix of their totals
+    std::int64_t at = 0;
+    for (int l = 0; l < epr; ++l) {
+      int const e = tid * epr + l;
+      std::int32_t const total = start[e];
+      start[e] = static_cast<std::int32_t>(at);
+      if (tid == me && cta == 0) a.s.expert_counts[l] = total, a.s.expert_offsets[l] = static_cast<std::int32_t>(at);
+      at = static_cast<std::int64_t>(moe::align_up(static_cast<std::uint64_t>(at + total), static_cast<std::uint64_t>(a.lane.align)));
+    }
+    if (tid == me && cta == 0) a.s.expert_offsets[epr] = static_cast<std::int32_t>(at);
+  }
+  if (cta == 0 && tid == 0) {
+    std::int64_t at = 0;
+    for (int s = 0; s < n; ++s) a.s.rows_from[s] = at, at += table(s, E + me);
+    a.s.rows_from[n] = at;
+  }
+  __syncthreads();
+  // one warp per token: one crossing per rank it visits, a record per slot
+  int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
+  int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
+  for (std::uint64_t t = gwarp; t < a.n_tokens; t += warps) {
+    std::uint64_t const mask = moe::ranks_of_token(g, a.topk_idx + t * k);
+    std::int32_t const e = lane < k ? a.topk_idx[t * k + lane] : -1;
+    for (int d = 0; d < n; ++d) {
+      if (!((mask >> d) & 1u)) continue;
+      bool const here = e >= 0 && g.rank_of(e) == d;
+      std::int32_t const pos = here ? start[e] + below[e] + a.s.erank[t * k + lane] : -1;
+      std::uint32_t const on = __ballot_sync(0xffffffffu, here);
+      int const first = __ffs(on) - 1;
+      std::int32_t const p0 = __shfl_sync(0xffffffffu, pos, first);
+      std::int64_t const rec = rows_below[d] + a.s.rrank[t * n + d];
+      std::int32_t* const r = h.at<std::int32_t>(d, a.lane.records_off) + rec * R;
+      if (lane < k) {
+        r[lane] = pos;
+        r[k + lane] = here ? static_cast<std::int32_t>(a.s.slot_rows[t * k + lane]) : -1;
+      }
+      memory_handle::copy(h.at<Tok>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * H, a.x + t * H, H * sizeof(Tok), lane, 32);
+    }
+  }
+  __syncthreads();  // every thread's puts precede the signals
+  if (tid < n) h.signal(tid, flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)}, epoch);
+  if (tid == 0) *seq = epoch;
+}
+
+/// Waits, in every thread of the CTA, until CTA c of every rank signalled flag base + c at least
+/// `epoch` (c < ctas). False (fault recorded) on a timeout or an earlier fault.
+RECCL_DEVICE bool moe_wait_all(memory_handle const& h, flag_id base, int ctas, std::uint64_t epoch) {
+  deadline_clock clock(h.timeout_ns);
+  bool ok = true;
+  for (int i = static_cast<int>(threadIdx.x); i < h.size() * ctas; i += static_cast<int>(blockDim.x))
+    ok = ok && h.wait(flag_id{base.index + static_cast<std::uint32_t>(i % ctas)}, i / ctas, epoch, clock, i % ctas);
+  return __syncthreads_and(ok ? 1 : 0) != 0;
+}
+
+/// Step 3 (lane.ctas CTAs of moe_threads).
+template <class Tok>
+__global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> const a) {
+  using namespace moe_detail;
+  memory_handle const& h = a.h;
+  int const k = a.lane.route.top_k, epr = a.lane.route.experts_per_rank(), R = a.lane.record_words();
+  int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
+  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  // step 2 of this call advanced CTA cta's sequence word to this call's epoch
+  std::uint64_t const epoch = *h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
+  if (cta_faulted(h)) return;
+  if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch)) return;
+  Tok* const grouped = h.at<Tok>(h.rank(), a.lane.grouped_off);
+  int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
+  int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
+  std::int64_t const rows_in = a.s.rows_from[a.lane.route.nranks];
+  std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
+  for (std::int64_t i = gwarp; i < rows_in; i += warps) {
+    std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
+    std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
+    std::int32_t const p0 = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
+    on &= on - 1;  // the first slot's row is in place already
+    while (on) {
+      std::int32_t const p = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
+      on &= on - 1;
+      memory_handle::copy(grouped + static_cast<std::uint64_t>(p) * H, grouped + static_cast<std::uint64_t>(p0) * H, H * sizeof(Tok), lane, 32);
+    }
+  }
+  // padding rows: zeros
+  for (int l = 0; l < epr; ++l) {
+    std::int64_t const lo = a.s.expert_offsets[l] + a.s.expert_counts[l], hi = a.s.expert_offsets[l + 1];
+    for (std::int64_t p = lo + gwarp; p < hi; p += warps)
+      for (std::uint64_t c = lane; c < H; c += 32) grouped[static_cast<std::uint64_t>(p) * H + c] = from_float<Tok>(0.f);
+  }
+}
+
+/// Step 4 (lane.ctas CTAs of moe_threads).
+template <class Tok>
+__global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> const a) {
+  using namespace moe_detail;
+  memory_handle const& h = a.h;
+  int const n = a.lane.route.nranks, k = a.lane.route.top_k, R = a.lane.record_words();
+  int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
+  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  std::uint64_t* const seq = h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
+  std::uint64_t const epoch = *seq + 1;
+  if (cta_faulted(h)) return;
+  int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
+  int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
+  std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
+  for (std::int64_t i = gwarp; i < a.s.rows_from[n]; i += warps) {
+    int s = 0;
+    while (s + 1 < n && a.s.rows_from[s + 1] <= i) ++s;
+    std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
+    std::int32_t const ret = lane < k ? records[i * R + k + lane] : -1;
+    std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
+    while (on) {
+      int const j = __ffs(on) - 1;
+      on &= on - 1;
+      std::int32_t const p = __shfl_sync(0xffffffffu, pos, j), back = __shfl_sync(0xffffffffu, ret, j);
+      memory_handle::copy(h.at<Tok>(s, a.lane.landing_off) + static_cast<std::uint64_t>(back) * H,
+                          a.y + static_cast<std::uint64_t>(p) * H, H * sizeof(Tok), lane, 32);
+    }
+  }
+  __syncthreads();
+  if (tid < n) h.signal(tid, flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)}, epoch);
+  if (tid == 0) *seq = epoch;
+}
+
+/// Step 5 (lane.ctas CTAs of moe_threads).
+template <class Tok>
+__global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> const a) {
+  using namespace moe_detail;
+  memory_handle const& h = a.h;
+  int const k = a.lane.route.top_k, cta = static_cast<int>(blockIdx.x);
+  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  std::uint64_t const epoch = *h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
+  if (cta_faulted(h)) return;
+  if (!moe_wait_all(h, a.lane.back, a.lane.ctas, epoch)) return;
+  Tok const* const landing = h.at<Tok>(h.rank(), a.lane.landing_off);
+  std::uint64_t const total = a.n_tokens * H;
+  for (std::uint64_t i = cta * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    std::uint64_t const t = i / H, c = i % H;
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j)
+      if (std::int64_t const r = a.s.slot_rows[t * k + j]; r >= 0)
+        acc = __fmaf_rn(a.topk_weights[t * k + j], to_float<Tok>(landing[static_cast<std::uint64_t>(r) * H + c]), acc);
+    a.out[i] = from_float<Tok>(acc);
+  }
+}
+
+}  // namespace reccl::device

@@ -1,0 +1,168 @@
+// reccl/host/p2p_expert_exchange.hpp -- MoE dispatch and combine on the P2P transport: the CPU
+// engine's operation (reccl/cpu/expert_exchange.hpp: same layout, same arithmetic, bit for bit)
+// with routing in device memory, stream-ordered and capturable (device/agent/expert_exchange.hpp).
+//
+//   reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {{nranks, 256, 8}, max_tokens, 7168, 128});
+//   ex.dispatch(x, topk_idx, n_tokens, stream);            // x [n_tokens, H], topk_idx [n_tokens, k]
+//   grouped_gemm(ex.received(), ex.expert_offsets(), ex.expert_counts(), y);   // the user's experts
+//   ex.combine(y, topk_weights, out, stream);              // out [n_tokens, H]
+//
+// received() is [expert_offsets()[E_local], H] in this rank's window: local expert l's rows start at
+// expert_offsets()[l] (a multiple of `align`), expert_counts()[l] of them, padding rows zeros; both
+// arrays are device memory written by dispatch. y is any device memory laid out like received().
+// Creation reserves the window space (capacity(), memory_bytes()) and is collective: every rank
+// creates its exchanges in the same order with the same config.
+//
+// Errors: host-side checks (too many tokens, null or misaligned pointers) fail the call on every
+// rank at once and throw here; an expert index outside [-1, n_experts) is found on the device and
+// records a fault naming that rank on every rank, before any row moves. check() on the
+// communicator throws it; faults are sticky (rebuild the communicator).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "../device/agent/expert_exchange.hpp"
+#include "../moe/routing.hpp"
+#include "error.hpp"
+#include "launch.hpp"
+#include "p2p.hpp"
+
+namespace reccl {
+
+template <class Tok>
+class p2p_expert_exchange {
+ public:
+  /// Reserves this exchange's flags and window bytes on `comm` (collective: see the file comment).
+  /// `ctas`: CTAs of the send, file, return and sum steps.
+  p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 8) : comm_(&comm), cfg_(cfg) {
+    auto bad = [&](std::string const& why) { throw error(status::invalid_argument, "p2p_expert_exchange: " + why, comm.rank()); };
+    if (char const* why = cfg.route.invalid()) bad(why);
+    if (cfg.route.nranks != comm.size()) bad("route.nranks differs from the communicator's rank count");
+    if (cfg.route.n_experts > device::moe_max_experts) bad("at most 1024 experts");
+    if (cfg.hidden < 1 || cfg.align < 1) bad("hidden and align must be >= 1");
+    if (ctas < 1 || ctas > 64) bad("ctas must be in [1, 64]");
+    bound_ = moe::receive_bound_of(cfg.route, cfg.max_tokens, cfg.align);
+    if (bound_.grouped >= (1ull << 31)) bad("more than 2^31 grouped rows: lower max_tokens");
+    int const n = cfg.route.nranks, k = cfg.route.top_k, epr = cfg.route.experts_per_rank();
+    std::uint64_t const H = static_cast<std::uint64_t>(cfg.hidden), T = cfg.max_tokens;
+    device::moe_lane& L = lane_;
+    L.route = cfg.route;
+    L.ctas = ctas;
+    L.align = cfg.align;
+    L.hidden = cfg.hidden;
+    L.max_tokens = T;
+    L.table = comm.reserve_flags(1);
+    L.done = comm.reserve_flags(ctas);
+    L.back = comm.reserve_flags(ctas);
+    L.table_off = comm.reserve_bytes(8ull * static_cast<std::uint64_t>(L.row_words()), 128);
+    L.grouped_off = comm.reserve_bytes(bound_.grouped * H * sizeof(Tok), 256);
+    L.records_off = comm.reserve_bytes(bound_.rows * 4ull * static_cast<std::uint64_t>(L.record_words()), 256);
+    L.landing_off = comm.reserve_bytes(T * static_cast<std::uint64_t>(k) * H * sizeof(Tok), 256);
+    window_bytes_ = 8ull * L.row_words() + bound_.grouped * H * sizeof(Tok) + bound_.rows * 4ull * L.record_words() +
+                    T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
+    std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
+    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + 32ull * L.row_words() * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
+    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 8 * 256));
+    char* c = static_cast<char*>(scratch_mem_);
+    auto take = [&](std::uint64_t bytes) {
+      void* p = c;
+      c += (bytes + 255) / 256 * 256;
+      return p;
+    };
+    device::moe_scratch& s = scratch_;
+    s.erank = static_cast<std::int32_t*>(take(slots * 4));
+    s.drank = static_cast<std::int32_t*>(take(slots * 4));
+    s.slot_rows = static_cast<std::int64_t*>(take(slots * 8));
+    s.rrank = static_cast<std::int32_t*>(take(T * n * 4));
+    s.hist = static_cast<std::int32_t*>(take(32ull * L.row_words() * 4));
+    s.rows_from = static_cast<std::int64_t*>(take((n + 1) * 8ull));
+    s.expert_counts = static_cast<std::int32_t*>(take(epr * 4ull));
+    s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
+    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 8 * 256));
+    for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_send_kernel<Tok>),
+                           reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_return_kernel<Tok>),
+                           reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
+      load_kernel(k_);
+    require_co_resident(reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), ctas, device::moe_threads, 0,
+                        comm.ranks_sharing_device(), "p2p_expert_exchange: ctas", comm.rank());
+  }
+  p2p_expert_exchange(p2p_expert_exchange const&) = delete;
+  p2p_expert_exchange& operator=(p2p_expert_exchange const&) = delete;
+  ~p2p_expert_exchange() {
+    if (scratch_mem_) (void)cudaFree(scratch_mem_);  // destructor: a failed free leaves CUDA's sticky error
+  }
+
+  moe::receive_bound capacity() const { return bound_; }
+  /// Bytes this exchange holds: its window reservations plus its device scratch.
+  std::uint64_t memory_bytes() const { return window_bytes_ + scratch_bytes_; }
+
+  Tok const* received() const { return comm_->handle().template at<Tok>(comm_->rank(), lane_.grouped_off); }
+  std::int32_t const* expert_counts() const { return scratch_.expert_counts; }   ///< device, experts_per_rank
+  std::int32_t const* expert_offsets() const { return scratch_.expert_offsets; } ///< device, experts_per_rank + 1
+
+  /// Sends each of `n_tokens` rows of `x` (device) to the ranks of its experts (`topk_idx`,
+  /// device, [n_tokens, k]); see the file comment. Every rank calls it, on its own stream.
+  void dispatch(Tok const* x, std::int32_t const* topk_idx, std::uint64_t n_tokens, cudaStream_t stream) {
+    if (n_tokens > cfg_.max_tokens)
+      reject(device::fault_cause::bad_argument, std::to_string(n_tokens) + " tokens, created for " + std::to_string(cfg_.max_tokens), stream);
+    if (n_tokens > 0 && (x == nullptr || topk_idx == nullptr)) reject(device::fault_cause::null_buffer, "x or topk_idx is null", stream);
+    if (reinterpret_cast<std::uintptr_t>(x) % alignof(Tok) != 0 || reinterpret_cast<std::uintptr_t>(topk_idx) % 4 != 0)
+      reject(device::fault_cause::misaligned_buffer, "x or topk_idx is misaligned", stream);
+    device::moe_args<Tok> a = args();
+    a.x = x;
+    a.topk_idx = topk_idx;
+    a.n_tokens = n_tokens;
+    tokens_ = n_tokens;
+    device::moe_layout_kernel<Tok><<<1, device::moe_layout_threads, 0, stream>>>(a);
+    device::moe_send_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
+    device::moe_file_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
+    RECCL_CUDA_CHECK(cudaGetLastError());
+  }
+
+  /// Returns the experts' outputs `y` (device, laid out like received()) to their tokens' ranks
+  /// and writes out[t] (device, [n_tokens, H] of the latest dispatch): the fp32 sum of w * y over
+  /// token t's slots in top-k order, rounded once. Every rank calls it.
+  void combine(Tok const* y, float const* topk_weights, Tok* out, cudaStream_t stream) {
+    if (tokens_ > 0 && (out == nullptr || topk_weights == nullptr))
+      reject(device::fault_cause::null_buffer, "out or topk_weights is null", stream);
+    if (y == nullptr) reject(device::fault_cause::null_buffer, "y is null", stream);
+    if (reinterpret_cast<std::uintptr_t>(y) % alignof(Tok) != 0 || reinterpret_cast<std::uintptr_t>(out) % alignof(Tok) != 0 ||
+        reinterpret_cast<std::uintptr_t>(topk_weights) % 4 != 0)
+      reject(device::fault_cause::misaligned_buffer, "y, out or topk_weights is misaligned", stream);
+    device::moe_args<Tok> a = args();
+    a.y = y;
+    a.topk_weights = topk_weights;
+    a.out = out;
+    a.n_tokens = tokens_;
+    device::moe_return_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
+    device::moe_sum_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
+    RECCL_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  device::moe_args<Tok> args() const {
+    device::moe_args<Tok> a{};
+    a.h = comm_->handle();
+    a.lane = lane_;
+    a.s = scratch_;
+    return a;
+  }
+  [[noreturn]] void reject(device::fault_cause cause, std::string const& what, cudaStream_t stream) {
+    comm_->raise_everywhere(device::fault{status::invalid_argument, comm_->rank(), -1, -1, cause}, stream);
+    throw error(status::invalid_argument, "p2p_expert_exchange: " + what, comm_->rank());
+  }
+
+  p2p_communicator* comm_;
+  moe::exchange_config cfg_;
+  moe::receive_bound bound_{};
+  device::moe_lane lane_{};
+  device::moe_scratch scratch_{};
+  void* scratch_mem_ = nullptr;
+  std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0;
+  std::uint64_t tokens_ = 0;  // of the latest dispatch
+};
+
+}  // namespace reccl

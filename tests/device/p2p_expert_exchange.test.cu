@@ -1,0 +1,268 @@
+// MoE dispatch/combine on the P2P transport with loopback ranks (every rank in this process on
+// GPU 0), compared bit for bit with the CPU engine's expert exchange on the same routing: the
+// grouped rows, the per-expert counts and offsets, and the combined outputs. Uniform, skewed,
+// sparse and one-rank routing, bf16 and float, 2 and 3 ranks, packed and aligned layouts, each
+// exchange used twice; graph capture and replay with new routing; an expert index out of range on
+// one rank fails every rank, naming it.
+#define CUDA_NO_HALF
+#include "../doctest_main.hpp"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "reccl/cpu/expert_exchange.hpp"
+#include "reccl/host/p2p_expert_exchange.hpp"
+#include "reccl/policy/allocator/equal.hpp"
+#include "reccl/policy/schedule/all_to_all.hpp"
+#include "reccl/policy/telemetry/none.hpp"
+#include "support.cuh"
+#include "tests/cpu/moe_cases.hpp"
+
+namespace {
+
+using namespace reccl_test;
+using reccl::p2p_communicator;
+
+/// The experts the tests run: y = round(x * (1 + e/8)), e the global expert (one rounding, so the
+/// host and the device agree bit for bit).
+template <class Tok>
+__global__ void experts_kernel(Tok const* grouped, Tok* y, std::int32_t const* offsets, std::int32_t const* counts, int epr,
+                               int rank, int hidden) {
+  for (int l = 0; l < epr; ++l) {
+    float const scale = 1.f + float(rank * epr + l) / 8.f;
+    std::uint64_t const lo = std::uint64_t(offsets[l]) * hidden, hi = lo + std::uint64_t(counts[l]) * hidden;
+    for (std::uint64_t i = lo + blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += std::uint64_t(gridDim.x) * blockDim.x)
+      y[i] = reccl::device::moe_detail::from_float<Tok>(__fmul_rn(reccl::device::moe_detail::to_float<Tok>(grouped[i]), scale));
+  }
+}
+
+template <class H>
+H host_expert(H x, int e) {
+  return H(static_cast<float>(x) * (1.f + float(e) / 8.f));
+}
+
+/// The CPU engine's answer for case `c`: every rank's grouped rows, counts, offsets and outputs.
+template <class H>
+struct cpu_answer {
+  std::vector<std::vector<H>> grouped, out;
+  std::vector<std::vector<std::int32_t>> counts, offsets;
+};
+
+template <class H>
+cpu_answer<H> cpu_reference(moe_case<H> const& c, std::uint64_t max_tokens, int align) {
+  int const n = c.g.nranks, epr = c.g.experts_per_rank();
+  std::uint64_t const Hd = c.hidden;
+  cpu_answer<H> ans;
+  ans.grouped.resize(n), ans.out.resize(n), ans.counts.resize(n), ans.offsets.resize(n);
+  reccl::cpu::config cfg;
+  cfg.nranks = n;
+  reccl::cpu::communicator comm(cfg);
+  comm.run_ranks([&](int r) {
+    reccl::cpu::expert_exchange<H, reccl::schedule::all_to_all, reccl::telemetry::none, reccl::allocator::equal> ex(
+        comm, r, {c.g, max_tokens, c.hidden, align});
+    ex.dispatch(c.x[r].data(), c.idx[r].data(), c.tokens[r]);
+    auto const rec = ex.received();
+    std::vector<H> y(rec.size());
+    for (int l = 0; l < epr; ++l)
+      for (std::int64_t p = ex.expert_offsets()[l]; p < ex.expert_offsets()[l] + ex.expert_counts()[l]; ++p)
+        for (std::uint64_t h = 0; h < Hd; ++h) y[p * Hd + h] = host_expert(rec[p * Hd + h], r * epr + l);
+    ans.out[r].resize(c.tokens[r] * Hd);
+    ex.combine(y.data(), c.w[r].data(), ans.out[r].data());
+    ans.grouped[r].assign(rec.begin(), rec.end());
+    ans.counts[r].assign(ex.expert_counts().begin(), ex.expert_counts().end());
+    ans.offsets[r].assign(ex.expert_offsets().begin(), ex.expert_offsets().end());
+  });
+  return ans;
+}
+
+/// Loopback ranks with one expert exchange each and device copies of a case's inputs.
+template <class H, class D>
+struct rig {
+  int n;
+  std::uint64_t max_tokens;
+  int hidden, epr;
+  std::vector<p2p_communicator> comms;
+  std::vector<cudaStream_t> streams;
+  std::vector<std::unique_ptr<reccl::p2p_expert_exchange<D>>> ex;
+  std::vector<D*> x, y, out;
+  std::vector<std::int32_t*> idx;
+  std::vector<float*> w;
+
+  rig(reccl::moe::exchange_config const& cfg, int ctas)
+      : n(cfg.route.nranks), max_tokens(cfg.max_tokens), hidden(cfg.hidden), epr(cfg.route.experts_per_rank()) {
+    reccl::p2p_config pc;
+    pc.timeout_ns = gpu_test::test_timeout_ns(20);
+    pc.data_bytes = 96ull << 20;
+    comms = p2p_communicator::create_loopback(n, 0, pc);
+    std::uint64_t const grouped = reccl::moe::receive_bound_of(cfg.route, cfg.max_tokens, cfg.align).grouped;
+    for (int r = 0; r < n; ++r) {
+      cudaStream_t s;
+      TEST_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      streams.push_back(s);
+      ex.push_back(std::make_unique<reccl::p2p_expert_exchange<D>>(comms[r], cfg, ctas));
+      x.push_back(alloc<D>(max_tokens * hidden));
+      out.push_back(alloc<D>(max_tokens * hidden));
+      y.push_back(alloc<D>(grouped * hidden + 1));
+      idx.push_back(alloc<std::int32_t>(max_tokens * cfg.route.top_k + 1));
+      w.push_back(alloc<float>(max_tokens * cfg.route.top_k + 1));
+    }
+  }
+  ~rig() {
+    (void)cudaDeviceSynchronize();
+    ex.clear();
+    for (int r = 0; r < n; ++r) {
+      (void)cudaFree(x[r]), (void)cudaFree(out[r]), (void)cudaFree(y[r]), (void)cudaFree(idx[r]), (void)cudaFree(w[r]);
+      (void)cudaStreamDestroy(streams[r]);
+    }
+  }
+  template <class T>
+  static T* alloc(std::uint64_t elems) {
+    T* p = nullptr;
+    TEST_CK(cudaMalloc(&p, elems * sizeof(T) + 16));
+    return p;
+  }
+  void upload(moe_case<H> const& c) {
+    static_assert(sizeof(H) == sizeof(D));
+    for (int r = 0; r < n; ++r) {
+      TEST_CK(cudaMemcpy(x[r], c.x[r].data(), c.x[r].size() * sizeof(H), cudaMemcpyHostToDevice));
+      TEST_CK(cudaMemcpy(idx[r], c.idx[r].data(), c.idx[r].size() * 4, cudaMemcpyHostToDevice));
+      TEST_CK(cudaMemcpy(w[r], c.w[r].data(), c.w[r].size() * 4, cudaMemcpyHostToDevice));
+      TEST_CK(cudaMemset(out[r], 0xA5, max_tokens * hidden * sizeof(D)));
+    }
+    TEST_CK(cudaDeviceSynchronize());
+  }
+  /// dispatch, experts, combine on rank r's stream.
+  void layer(int r, std::uint64_t tokens) {
+    ex[r]->dispatch(x[r], idx[r], tokens, streams[r]);
+    experts_kernel<D><<<64, 256, 0, streams[r]>>>(ex[r]->received(), y[r], ex[r]->expert_offsets(), ex[r]->expert_counts(), epr, r, hidden);
+    ex[r]->combine(y[r], w[r], out[r], streams[r]);
+  }
+  std::vector<std::string> faults() {
+    std::vector<std::string> f;
+    for (auto& c : comms) {
+      try {
+        c.check();
+        f.emplace_back();
+      } catch (reccl::error const& e) {
+        f.emplace_back(e.what());
+      }
+    }
+    return f;
+  }
+  /// Compares every rank's device results with the CPU engine's.
+  void verify(moe_case<H> const& c, cpu_answer<H> const& ans, std::string const& what) {
+    for (std::string const& f : faults()) REQUIRE_MESSAGE(f.empty(), what << ": " << f);
+    for (int r = 0; r < n; ++r) {
+      INFO(what << ", rank " << r);
+      std::vector<std::int32_t> counts(epr), offsets(epr + 1);
+      TEST_CK(cudaMemcpy(counts.data(), ex[r]->expert_counts(), epr * 4, cudaMemcpyDeviceToHost));
+      TEST_CK(cudaMemcpy(offsets.data(), ex[r]->expert_offsets(), (epr + 1) * 4, cudaMemcpyDeviceToHost));
+      REQUIRE(counts == ans.counts[r]);
+      REQUIRE(offsets == ans.offsets[r]);
+      std::vector<H> got(ans.grouped[r].size());
+      TEST_CK(cudaMemcpy(got.data(), ex[r]->received(), got.size() * sizeof(H), cudaMemcpyDeviceToHost));
+      REQUIRE(std::memcmp(got.data(), ans.grouped[r].data(), got.size() * sizeof(H)) == 0);
+      std::vector<H> o(c.tokens[r] * hidden);
+      TEST_CK(cudaMemcpy(o.data(), out[r], o.size() * sizeof(H), cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < o.size(); ++i) {
+        INFO("output element " << i);
+        REQUIRE(std::memcmp(&o[i], &ans.out[r][i], sizeof(H)) == 0);
+      }
+    }
+  }
+};
+
+template <class H, class D>
+void check_cases(int n, int experts, int k, int hidden, std::uint64_t max_tokens, int align, int ctas) {
+  reccl::moe::routing const g{n, experts, k};
+  rig<H, D> rg({g, max_tokens, hidden, align}, ctas);
+  for (routing_kind kind : {routing_kind::uniform, routing_kind::skewed, routing_kind::sparse, routing_kind::one_rank})
+    for (int round = 0; round < 2; ++round) {  // each exchange used again with other routing
+      auto const c = make_moe_case<H>(g, hidden, max_tokens, kind, 17u * n + 5u * k + 3u * unsigned(kind) + round);
+      auto const ans = cpu_reference(c, max_tokens, align);
+      rg.upload(c);
+      for (int r = 0; r < n; ++r) rg.layer(r, c.tokens[r]);
+      TEST_CK(cudaDeviceSynchronize());
+      rg.verify(c, ans, "n " + std::to_string(n) + " kind " + std::to_string(int(kind)) + " round " + std::to_string(round));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("p2p expert exchange: bf16 and float, 2 and 3 loopback ranks, the CPU engine's layout and outputs bit for bit") {
+  REQUIRE_GPU();
+  check_cases<reccl::bfloat16, __nv_bfloat16>(2, 8, 4, 256, 96, 1, 4);
+  check_cases<reccl::bfloat16, __nv_bfloat16>(3, 12, 8, 136, 40, 16, 2);  // aligned for a grouped GEMM; k > experts per rank
+  check_cases<float, float>(3, 6, 2, 33, 17, 4, 1);                       // odd hidden
+  check_cases<reccl::bfloat16, __nv_bfloat16>(2, 256, 8, 7168, 64, 16, 8);  // DeepSeek-V3 hidden, experts and top-k, 64 tokens per rank
+}
+
+TEST_CASE("p2p expert exchange: captured in a CUDA graph, replayed with new routing") {
+  REQUIRE_GPU();
+  int const n = 3, hidden = 512;
+  std::uint64_t const T = 48;
+  reccl::moe::routing const g{n, 24, 6};
+  rig<reccl::bfloat16, __nv_bfloat16> rg({g, T, hidden, 8}, 4);
+  auto fixed = [&](std::uint32_t seed) {  // a graph has fixed token counts: every rank sends T
+    auto c = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed);
+    auto const full = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::sparse, seed + 1000);
+    for (int r = 1; r < n; ++r) c.tokens[r] = T, c.x[r] = full.x[0], c.idx[r] = full.idx[0], c.w[r] = full.w[0];
+    return c;
+  };
+  auto const first = fixed(1);
+  rg.upload(first);
+  for (int r = 0; r < n; ++r) rg.layer(r, T);  // eager first
+  TEST_CK(cudaDeviceSynchronize());
+  rg.verify(first, cpu_reference(first, T, 8), "eager");
+  std::vector<cudaGraphExec_t> exec(n);
+  for (int r = 0; r < n; ++r) {
+    cudaGraph_t graph = nullptr;
+    TEST_CK(cudaStreamBeginCapture(rg.streams[r], cudaStreamCaptureModeThreadLocal));
+    rg.layer(r, T);
+    TEST_CK(cudaStreamEndCapture(rg.streams[r], &graph));
+    TEST_CK(cudaGraphInstantiate(&exec[r], graph, 0));
+    TEST_CK(cudaGraphDestroy(graph));
+  }
+  for (std::uint32_t round = 0; round < 3; ++round) {
+    auto const c = fixed(50 + round);
+    rg.upload(c);
+    for (int r = 0; r < n; ++r) TEST_CK(cudaGraphLaunch(exec[r], rg.streams[r]));
+    TEST_CK(cudaDeviceSynchronize());
+    rg.verify(c, cpu_reference(c, T, 8), "replay " + std::to_string(round));
+  }
+  for (auto e : exec) TEST_CK(cudaGraphExecDestroy(e));
+}
+
+TEST_CASE("p2p expert exchange: an expert index out of range on one rank fails every rank, naming it, and moves nothing") {
+  REQUIRE_GPU();
+  int const n = 3;
+  reccl::moe::routing const g{n, 6, 2};
+  rig<float, float> rg({g, 8, 16, 1}, 2);
+  auto c = make_moe_case<float>(g, 16, 8, routing_kind::uniform, 3);
+  c.idx[0][3] = 6;  // rank 0 sends 8 tokens (make_moe_case fills rank 0)
+  rg.upload(c);
+  for (int r = 0; r < n; ++r) rg.layer(r, c.tokens[r]);
+  TEST_CK(cudaDeviceSynchronize());
+  auto const f = rg.faults();
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(f[r]);
+    CHECK(f[r].find("rank 0") != std::string::npos);
+    CHECK(f[r].find("bad argument") != std::string::npos);
+  }
+  std::vector<unsigned char> o(8 * 16 * 4);
+  TEST_CK(cudaMemcpy(o.data(), rg.out[1], o.size(), cudaMemcpyDeviceToHost));
+  for (unsigned char b : o) REQUIRE(b == 0xA5);  // combine wrote nothing
+  // and too many tokens is refused on the host, before anything is launched
+  std::string what;
+  try {
+    rg.ex[1]->dispatch(rg.x[1], rg.idx[1], 9, rg.streams[1]);
+  } catch (reccl::error const& e) {
+    what = e.what();
+  }
+  CHECK(what.find("9 tokens, created for 8") != std::string::npos);
+}
