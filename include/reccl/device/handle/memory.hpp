@@ -262,33 +262,20 @@ struct memory_handle {
 
   // ---- puts ---------------------------------------------------------------------------------
   /// Copy `bytes` from `src` (any memory this GPU reads) to `dst` in rank `peer`'s memory, by thread
-  /// `lane` of `lanes` cooperating threads, in the widest words the two pointers share an alignment
-  /// for (16 bytes when their addresses agree modulo 16, after a head of bytes; else 8, 4, 2 or 1).
+  /// `lane` of `lanes` cooperating threads. 16-byte stores where both pointers allow, else bytes.
   /// No ordering: see the header.
   RECCL_DEVICE static void copy(void* dst, void const* src, std::uint64_t bytes, int lane, int lanes) {
     char* const d = static_cast<char*>(dst);
     char const* const s = static_cast<char const*>(src);
-    std::uintptr_t const skew = reinterpret_cast<std::uintptr_t>(d) ^ reinterpret_cast<std::uintptr_t>(s);
-    if ((skew & 15u) == 0) copy_words<16>(d, s, bytes, lane, lanes);
-    else if ((skew & 7u) == 0) copy_words<8>(d, s, bytes, lane, lanes);
-    else if ((skew & 3u) == 0) copy_words<4>(d, s, bytes, lane, lanes);
-    else if ((skew & 1u) == 0) copy_words<2>(d, s, bytes, lane, lanes);
-    else copy_words<1>(d, s, bytes, lane, lanes);
-  }
-  /// copy() for pointers that agree modulo W: bytes up to W-alignment, W-byte words, bytes after.
-  template <int W>
-  RECCL_DEVICE static void copy_words(char* d, char const* s, std::uint64_t bytes, int lane, int lanes) {
-    using word = std::conditional_t<W == 16, uint4, std::conditional_t<W == 8, std::uint64_t, std::conditional_t<W == 4, std::uint32_t,
-                                    std::conditional_t<W == 2, std::uint16_t, std::uint8_t>>>>;
-    std::uint64_t const mis = reinterpret_cast<std::uintptr_t>(d) % W;
-    std::uint64_t const head = mis == 0 ? 0 : (W - mis < bytes ? W - mis : bytes);
-    std::uint64_t const words = (bytes - head) / W;
-    std::uint64_t const L = static_cast<std::uint64_t>(lanes);
-    for (std::uint64_t i = static_cast<std::uint64_t>(lane); i < head; i += L) d[i] = s[i];
-    word* const dw = reinterpret_cast<word*>(d + head);
-    word const* const sw = reinterpret_cast<word const*>(s + head);
-    for (std::uint64_t i = static_cast<std::uint64_t>(lane); i < words; i += L) dw[i] = sw[i];
-    for (std::uint64_t i = head + words * W + static_cast<std::uint64_t>(lane); i < bytes; i += L) d[i] = s[i];
+    if (((reinterpret_cast<std::uintptr_t>(d) | reinterpret_cast<std::uintptr_t>(s)) & 15u) == 0) {
+      std::uint64_t const packs = bytes / 16;
+      for (std::uint64_t i = static_cast<std::uint64_t>(lane); i < packs; i += static_cast<std::uint64_t>(lanes))
+        store_pack(d + i * 16, load_pack(s + i * 16));
+      for (std::uint64_t i = packs * 16 + static_cast<std::uint64_t>(lane); i < bytes; i += static_cast<std::uint64_t>(lanes))
+        d[i] = s[i];
+    } else {
+      for (std::uint64_t i = static_cast<std::uint64_t>(lane); i < bytes; i += static_cast<std::uint64_t>(lanes)) d[i] = s[i];
+    }
   }
   /// put: copy into peer's data region at `offset`.
   RECCL_DEVICE void put(int peer, std::uint64_t offset, void const* src, std::uint64_t bytes, int lane, int lanes) const {
