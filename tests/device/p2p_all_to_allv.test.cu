@@ -81,13 +81,14 @@ struct rig {
 };
 
 /// One case: counts[s][d] in elements of T, offsets with gaps; host copies of the send data.
+/// Receivers d with bit d of `full` get max_count elements from every source.
 struct plan {
   std::vector<std::vector<std::int64_t>> counts, offsets;
   std::vector<std::vector<unsigned char>> data;  // per source, bytes
 };
 
 template <class T>
-plan make_plan(int n, std::uint32_t seed, std::int64_t max_count) {
+plan make_plan(int n, std::uint32_t seed, std::int64_t max_count, std::uint64_t full = 0) {
   std::mt19937 rng(seed);
   plan p;
   p.counts.assign(n, std::vector<std::int64_t>(n));
@@ -97,6 +98,7 @@ plan make_plan(int n, std::uint32_t seed, std::int64_t max_count) {
     std::int64_t at = 0;
     for (int d = 0; d < n; ++d) {
       p.counts[s][d] = rng() % 5 == 0 ? 0 : std::int64_t(rng() % (max_count + 1));
+      if ((full >> d) & 1u) p.counts[s][d] = max_count;
       p.offsets[s][d] = at;
       at += p.counts[s][d] + std::int64_t(rng() % 3);  // gaps (and misaligned starts)
     }
@@ -176,6 +178,7 @@ TEST_CASE("p2p all_to_allv: captured in a CUDA graph after a kernel that writes 
   REQUIRE_GPU();
   int const n = 3;
   std::int64_t const max_count = 40000;
+  reccl::load_kernel(reinterpret_cast<void const*>(&copy_counts));  // launched between ranks' calls: not lazily
   rig g(n, n * (max_count + 2) * 4, n * max_count * 4 + 4096);
   std::vector<std::int64_t*> staged(n);  // what the "router" kernel copies into the count arrays
   for (auto& p : staged) TEST_CK(cudaMalloc(&p, 2 * n * 8));
@@ -220,25 +223,32 @@ TEST_CASE("p2p all_to_allv: captured in a CUDA graph after a kernel that writes 
   for (auto p : staged) TEST_CK(cudaFree(p));
 }
 
-TEST_CASE("p2p all_to_allv: a receiver too small, negative counts or a receive buffer outside the window fail every rank, naming the rank") {
+TEST_CASE("p2p all_to_allv: bad counts, a receiver too small, a buffer outside the window or another CTA count fail every rank, naming the rank") {
   REQUIRE_GPU();
   int const n = 3, bad = 1;
-  for (int how : {0, 1, 2}) {
+  // 0: rank 1's receive buffer one element short; 1: a negative count on rank 1; 2: rank 1's receive
+  // buffer outside the window (host check); 3: rank 1 runs 2 CTAs, the others 4; 4: rank 0's buffer
+  // too small and a negative count on rank 2 (the refusal is named first, whatever the rank order)
+  char const* const expect[] = {"rank 1: receive buffer too small", "rank 1: bad argument", "rank 1: buffer not in the communicator's window",
+                                "rank 1: arguments disagree with a peer's (peer 0)", "rank 2: bad argument"};
+  for (int how : {0, 1, 2, 3, 4}) {
     CAPTURE(how);
-    rig g(n, 3 * 1000 * 4, 3 * 1000 * 4);
-    plan p = make_plan<float>(n, 5, 1000);
-    for (int s = 0; s < n; ++s) p.counts[s][bad] = 1000;  // rank 1 receives 3000 elements
+    rig g(n, 3 * 1002 * 4, 3 * 1000 * 4);
+    plan const p = make_plan<float>(n, 5, 1000, 0b011);  // ranks 0 and 1 receive 3000 elements, what their buffers hold
     upload<float>(g, p);
-    std::vector<std::int64_t> neg = p.counts[bad];
-    neg[0] = -4;
-    if (how == 1) TEST_CK(cudaMemcpy(g.sc(bad), neg.data(), n * 8, cudaMemcpyHostToDevice));
+    int const negative_on = how == 1 ? bad : how == 4 ? 2 : -1;
+    if (negative_on >= 0) {
+      std::vector<std::int64_t> neg = p.counts[negative_on];
+      neg[0] = -4;
+      TEST_CK(cudaMemcpy(g.sc(negative_on), neg.data(), n * 8, cudaMemcpyHostToDevice));
+    }
     std::string thrown;
     for (int r = 0; r < n; ++r) {
-      std::uint64_t const cap = how == 0 && r == bad ? 2999 : g.cap / 4;
+      std::uint64_t const cap = (how == 0 && r == bad) || (how == 4 && r == 0) ? 2999 : g.cap / 4;
       float* recv = how == 2 && r == bad ? reinterpret_cast<float*>(g.send[r]) : reinterpret_cast<float*>(g.recv[r]);
       try {
         a2av<float>::run(g.comms[r], {reinterpret_cast<float const*>(g.send[r]), p.data[r].size() / 4, g.sc(r), g.so(r)},
-                         {recv, cap, g.rc(r), g.ro(r)}, g.streams[r]);
+                         {recv, cap, g.rc(r), g.ro(r)}, g.streams[r], reccl::a2av_call_options{how == 3 && r == bad ? 2 : 4});
       } catch (reccl::error const& e) {
         CHECK(r == bad);
         thrown = e.what();
@@ -249,9 +259,7 @@ TEST_CASE("p2p all_to_allv: a receiver too small, negative counts or a receive b
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
       CAPTURE(f[r]);
-      CHECK(f[r].find("rank 1") != std::string::npos);
-      CHECK(f[r].find(how == 0 ? "receive buffer too small" : how == 1 ? "bad argument" : "not in the communicator's window") !=
-            std::string::npos);
+      CHECK(f[r].find(expect[how]) != std::string::npos);
     }
     if (how == 2) CHECK(thrown.find("allocate it with p2p_communicator::allocate") != std::string::npos);
     std::vector<unsigned char> got(g.cap);

@@ -35,7 +35,10 @@ namespace reccl {
 
 /// Per-call options of the GPU all-to-allv.
 struct a2av_call_options {
-  std::int32_t ctas = 4;  ///< CTAs, each moving 1/ctas of every block (at most p2p_config::plan_max_ctas)
+  /// CTAs, each moving 1/ctas of every block (at most p2p_config::plan_max_ctas). Every rank passes
+  /// the same value in one call (the kernel checks: a mismatch fails every rank, naming one that
+  /// differs from rank 0); calls may use different values.
+  std::int32_t ctas = 4;
 };
 
 namespace detail {
@@ -57,6 +60,8 @@ void run_all_to_allv(p2p_communicator& comm, v_send<T> send, v_recv<T> recv, cud
   if (send.counts == nullptr || send.offsets == nullptr || recv.counts == nullptr || recv.offsets == nullptr)
     reject(device::fault_cause::null_buffer, "a count or offset array is null");
   if (send.len > 0 && send.data == nullptr) reject(device::fault_cause::null_buffer, "send buffer is null");
+  constexpr std::uint64_t max_len = (std::uint64_t{1} << 62) / sizeof(T);  // byte counts stay far from wrapping
+  if (send.len > max_len || recv.len > max_len) reject(device::fault_cause::bad_argument, "a buffer length is larger than 2^62 bytes");
   auto misaligned = [](void const* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a != 0; };
   if (misaligned(send.data, alignof(T)) || misaligned(recv.data, alignof(T)) || misaligned(send.counts, 8) ||
       misaligned(send.offsets, 8) || misaligned(recv.counts, 8) || misaligned(recv.offsets, 8))

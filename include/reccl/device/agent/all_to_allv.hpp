@@ -3,12 +3,15 @@
 //
 //   CTA c of G, on every rank (each CTA runs the whole protocol on its share of every block):
 //   1. publish  my row of the table in my window: send_counts[0..n), recv.len, the data-region
-//               offset of my receive buffer, and a refusal code (counts or offsets outside my send
-//               buffer); signal flag counts+c to every rank, wait for theirs
+//               offset of my receive buffer, a refusal code (counts or offsets outside my send
+//               buffer) and my grid size; signal flag counts+c to every rank, wait for theirs
 //   2. agree    read every rank's row (the whole n x n count matrix). Every rank sees the same
-//               table, so every rank takes the same decision without another round: a refusal or
-//               a receive buffer too small for what arrives records the same fault (naming the
-//               rank at fault) on every rank, and no data moves
+//               table, so every rank takes the same decision without another round, in this
+//               order: grid sizes that differ (the first rank whose size is not rank 0's), a
+//               refusal (the lowest refusing rank), a receive buffer too small for what arrives
+//               (the lowest such rank). The fault is recorded on every rank and no data moves.
+//               A CTA that another rank's grid lacks waits until its rank's CTA 0 records the
+//               mismatch (waits end on a recorded fault)
 //   3. put      for each destination d: my block to d goes to d's receive buffer (at the offset d
 //               published) at sum_{s < me} counts[s][d] (packed by source), CTA c copying its 1/G
 //   4. done     signal flag data+c to every rank, wait for theirs; CTA 0 writes recv_counts and
@@ -36,8 +39,8 @@ struct a2av_lane {
   std::uint64_t table_offset = 0; ///< data-region offset of my rows: [max_ctas][row_words(n)] int64
   std::int32_t max_ctas = 0;
 
-  /// A row: counts[n], receive length, receive buffer's window offset, refusal.
-  RECCL_HOST_DEVICE static constexpr int row_words(int n) { return n + 3; }
+  /// A row: counts[n], receive length, receive buffer's window offset, refusal, grid size.
+  RECCL_HOST_DEVICE static constexpr int row_words(int n) { return n + 4; }
   RECCL_HOST_DEVICE static constexpr std::uint64_t table_bytes(int n, int max_ctas) {
     return 8ull * static_cast<std::uint64_t>(row_words(n)) * static_cast<std::uint64_t>(max_ctas);
   }
@@ -89,6 +92,7 @@ __global__ void __launch_bounds__(a2av_threads) a2av_kernel(a2av_args<T> const a
     mine[n] = static_cast<std::int64_t>(a.recv_len);
     mine[n + 1] = a.recv ? reinterpret_cast<char const*>(a.recv) - h.at<char>(me, 0) : -1;
     mine[n + 2] = static_cast<std::int64_t>(refused ? a2av_refusal::bad_counts : a2av_refusal::none);
+    mine[n + 3] = G;
   }
   deadline_clock clock(h.timeout_ns);
   bool ok = true;
@@ -100,7 +104,7 @@ __global__ void __launch_bounds__(a2av_threads) a2av_kernel(a2av_args<T> const a
   if (__syncthreads_and(ok ? 1 : 0) == 0) return;  // the fault word says why (a peer that never came)
 
   // 2. agree
-  __shared__ std::int64_t table[max_memory_ranks][max_memory_ranks + 3];
+  __shared__ std::int64_t table[max_memory_ranks][max_memory_ranks + 4];
   for (int i = tid; i < n * row; i += blockDim.x)
     table[i / row][i % row] = static_cast<std::int64_t>(
         load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(row_of(i / row) + i % row)));
@@ -108,11 +112,19 @@ __global__ void __launch_bounds__(a2av_threads) a2av_kernel(a2av_args<T> const a
   __shared__ std::uint64_t verdict;  // a fault's encoding, 0 when the call goes ahead
   if (tid == 0) {
     fault f{};
-    for (int s = 0; s < n && f.ok(); ++s) {
-      std::int64_t total = 0;
-      for (int r = 0; r < n; ++r) total += table[r][s];
+    for (int s = 0; s < n && f.ok(); ++s)
+      if (table[s][n + 3] != table[0][n + 3]) f = fault{status::invalid_argument, s, 0, -1, fault_cause::peer_mismatch};
+    for (int s = 0; s < n && f.ok(); ++s)
       if (table[s][n + 2] != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
-      else if (total > table[s][n] || (total > 0 && table[s][n + 1] < 0))
+    // no refusal: every count lies in [0, its sender's send_len], so the sums below are of
+    // non-negative values; they saturate instead of wrapping
+    for (int s = 0; s < n && f.ok(); ++s) {
+      std::uint64_t total = 0;
+      for (int r = 0; r < n; ++r) {
+        std::uint64_t const c = static_cast<std::uint64_t>(table[r][s]);
+        total = total + c < total ? ~std::uint64_t{0} : total + c;
+      }
+      if (total > static_cast<std::uint64_t>(table[s][n]) || (total > 0 && table[s][n + 1] < 0))
         f = fault{status::invalid_argument, s, -1, -1, fault_cause::receive_overflow};
     }
     verdict = f.ok() ? 0 : f.encode();
