@@ -100,6 +100,9 @@ int main(int argc, char** argv) {
   std::vector<bf16*> x(ranks), y(ranks), out(ranks), floor_src(ranks), floor_dst(ranks);
   std::vector<std::int32_t*> idx(ranks);
   std::vector<float*> w(ranks);
+  // launched between the ranks' calls from this thread: loaded now, not lazily behind a spinning rank
+  reccl::load_kernel(reinterpret_cast<void const*>(&experts_kernel));
+  reccl::load_kernel(reinterpret_cast<void const*>(&empty_kernel));
   for (int r = 0; r < ranks; ++r) {
     ex.push_back(std::make_unique<reccl::p2p_expert_exchange<bf16>>(comms[r], cfg, ctas));
     CK(cudaMalloc(&x[r], T * H * 2));

@@ -60,7 +60,7 @@ enum class call_reject : std::uint8_t {
   none = 0,
   bad_arguments,  ///< null arrays, or counts/offsets negative or beyond the send buffer
   overflow,       ///< more incoming elements than the receive buffer holds
-  bad_expert,     ///< MoE: a slot names an expert outside [-1, n_experts)
+  bad_expert,     ///< MoE: a slot names an expert outside [-1, n_experts), or one a token names already
   too_many_tokens,  ///< MoE: more tokens than the size the exchange was created for
 };
 
@@ -69,7 +69,7 @@ constexpr std::string_view describe(call_reject r) {
     case call_reject::none: return "nothing";
     case call_reject::bad_arguments: return "its counts, offsets or buffers are invalid";
     case call_reject::overflow: return "it would receive more than its receive buffer holds";
-    case call_reject::bad_expert: return "its routing names an expert outside [-1, n_experts)";
+    case call_reject::bad_expert: return "its routing names an expert outside [-1, n_experts), or one expert twice in a token";
     case call_reject::too_many_tokens: return "it passed more tokens than the exchange was created for";
   }
   return "?";

@@ -287,13 +287,13 @@ TEST_CASE("moe dispatch/combine: no tokens anywhere, and one token per rank") {
   check_moe(one, 1, 1, 2);
 }
 
-TEST_CASE("moe dispatch: an expert index out of range, too many tokens or a null pointer fail every rank, naming the rank") {
+TEST_CASE("moe dispatch: an expert index out of range or twice in a token, too many tokens or a null pointer fail every rank, naming the rank") {
   moe::routing const g{3, 6, 2};
   int const n = 3;
   auto c = make_moe_case<bf16>(g, 4, 6, routing_kind::uniform, 9);
   REQUIRE(c.tokens[0] == 6);
   cpu::communicator comm(small(n, 2));
-  for (int how : {0, 1, 2, 3}) {
+  for (int how : {0, 1, 2, 3, 4}) {
     CAPTURE(how);
     std::vector<std::string> what(n);
     std::vector<int> who(n, -2);
@@ -306,6 +306,7 @@ TEST_CASE("moe dispatch: an expert index out of range, too many tokens or a null
       if (r == 0 && how == 1) idx[tokens * 2 - 1] = -2;
       if (r == 0 && how == 2) tokens = 7;
       if (r == 0 && how == 3) x = nullptr;
+      if (r == 0 && how == 4) idx[2] = 5, idx[3] = 5;  // token 1 names expert 5 twice
       try {
         ex.dispatch(x, idx.data(), tokens);
       } catch (reccl::error const& e) {
@@ -322,7 +323,7 @@ TEST_CASE("moe dispatch: an expert index out of range, too many tokens or a null
       CHECK(who[r] == 0);
       CHECK(contains(what[r], "rank 0"));
     }
-    CHECK(contains(what[0], how < 2 ? "outside [-1, 6)" : how == 2 ? "7 tokens, created for 6" : "null"));
+    CHECK(contains(what[0], how < 2 ? "outside [-1, 6)" : how == 2 ? "7 tokens, created for 6" : how == 3 ? "null" : "token 1 names"));
   }
   CHECK_THROWS_AS(exchange<bf16>(comm, 0, {moe::routing{3, 7, 2}, 6, 4, 1}), reccl::error);  // 7 experts on 3 ranks
   CHECK_THROWS_AS(exchange<bf16>(comm, 0, {moe::routing{2, 6, 2}, 6, 4, 1}), reccl::error);  // not the comm's ranks

@@ -9,6 +9,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -93,8 +94,11 @@ struct rig {
   std::vector<std::int32_t*> idx;
   std::vector<float*> w;
 
-  rig(reccl::moe::exchange_config const& cfg, int ctas)
+  /// Every rank's exchange has `ctas` CTAs, but rank `odd_rank` (if any) has `odd_ctas`.
+  rig(reccl::moe::exchange_config const& cfg, int ctas, int odd_rank = -1, int odd_ctas = 0)
       : n(cfg.route.nranks), max_tokens(cfg.max_tokens), hidden(cfg.hidden), epr(cfg.route.experts_per_rank()) {
+    // launched between the ranks' calls from this thread: loaded now, not lazily behind a spinning rank
+    reccl::load_kernel(reinterpret_cast<void const*>(&experts_kernel<D>));
     reccl::p2p_config pc;
     pc.timeout_ns = gpu_test::test_timeout_ns(20);
     pc.data_bytes = 96ull << 20;
@@ -104,7 +108,7 @@ struct rig {
       cudaStream_t s;
       TEST_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       streams.push_back(s);
-      ex.push_back(std::make_unique<reccl::p2p_expert_exchange<D>>(comms[r], cfg, ctas));
+      ex.push_back(std::make_unique<reccl::p2p_expert_exchange<D>>(comms[r], cfg, r == odd_rank ? odd_ctas : ctas));
       x.push_back(alloc<D>(max_tokens * hidden));
       out.push_back(alloc<D>(max_tokens * hidden));
       y.push_back(alloc<D>(grouped * hidden + 1));
@@ -186,6 +190,8 @@ void check_cases(int n, int experts, int k, int hidden, std::uint64_t max_tokens
       auto const c = make_moe_case<H>(g, hidden, max_tokens, kind, 17u * n + 5u * k + 3u * unsigned(kind) + round);
       auto const ans = cpu_reference(c, max_tokens, align);
       rg.upload(c);
+      if (round == 1)  // a dispatch with no combine before the layer: the table's two copies alternate
+        for (int r = 0; r < n; ++r) rg.ex[r]->dispatch(rg.x[r], rg.idx[r], c.tokens[r], rg.streams[r]);
       for (int r = 0; r < n; ++r) rg.layer(r, c.tokens[r]);
       TEST_CK(cudaDeviceSynchronize());
       rg.verify(c, ans, "n " + std::to_string(n) + " kind " + std::to_string(int(kind)) + " round " + std::to_string(round));
@@ -238,31 +244,58 @@ TEST_CASE("p2p expert exchange: captured in a CUDA graph, replayed with new rout
   for (auto e : exec) TEST_CK(cudaGraphExecDestroy(e));
 }
 
-TEST_CASE("p2p expert exchange: an expert index out of range on one rank fails every rank, naming it, and moves nothing") {
+TEST_CASE("p2p expert exchange: bad input on one rank fails every rank, naming it, and moves nothing") {
   REQUIRE_GPU();
   int const n = 3;
   reccl::moe::routing const g{n, 6, 2};
-  rig<float, float> rg({g, 8, 16, 1}, 2);
   auto c = make_moe_case<float>(g, 16, 8, routing_kind::uniform, 3);
-  c.idx[0][3] = 6;  // rank 0 sends 8 tokens (make_moe_case fills rank 0)
-  rg.upload(c);
-  for (int r = 0; r < n; ++r) rg.layer(r, c.tokens[r]);
-  TEST_CK(cudaDeviceSynchronize());
-  auto const f = rg.faults();
-  for (int r = 0; r < n; ++r) {
-    CAPTURE(f[r]);
-    CHECK(f[r].find("rank 0") != std::string::npos);
-    CHECK(f[r].find("bad argument") != std::string::npos);
+  REQUIRE(std::count_if(c.idx[0].begin(), c.idx[0].end(), [&](std::int32_t e) { return e >= 0 && g.rank_of(e) == 1; }) > 0);
+  // 0: an expert out of range; 1: an expert twice in a token; 2: rank 2 created with 1 CTA, not 2;
+  // 3: rank 1 passes a null y although it received rows; 4: rank 0 combines one dispatch twice
+  char const* const expect[] = {"rank 0: bad argument", "rank 0: bad argument", "rank 2: arguments disagree", "rank 1: null buffer",
+                                "rank 0: bad argument"};
+  for (int how : {0, 1, 2, 3, 4}) {
+    CAPTURE(how);
+    rig<float, float> rg({g, 8, 16, 1}, 2, how == 2 ? 2 : -1, 1);
+    auto bad = c;
+    if (how == 0) bad.idx[0][3] = 6;  // rank 0 sends 8 tokens (make_moe_case fills rank 0)
+    if (how == 1) bad.idx[0][2] = 4, bad.idx[0][3] = 4;
+    rg.upload(bad);
+    std::string thrown;
+    for (int r = 0; r < n; ++r) {
+      rg.ex[r]->dispatch(rg.x[r], rg.idx[r], bad.tokens[r], rg.streams[r]);
+      experts_kernel<float><<<64, 256, 0, rg.streams[r]>>>(rg.ex[r]->received(), rg.y[r], rg.ex[r]->expert_offsets(),
+                                                          rg.ex[r]->expert_counts(), rg.epr, r, rg.hidden);
+      try {
+        rg.ex[r]->combine(how == 3 && r == 1 ? nullptr : rg.y[r], rg.w[r], rg.out[r], rg.streams[r]);
+        if (how == 4 && r == 0) rg.ex[r]->combine(rg.y[r], rg.w[r], rg.out[r], rg.streams[r]);
+      } catch (reccl::error const& e) {
+        thrown = e.what();
+      }
+    }
+    TEST_CK(cudaDeviceSynchronize());
+    auto const f = rg.faults();
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CAPTURE(f[r]);
+      CHECK(f[r].find(expect[how]) != std::string::npos);
+    }
+    if (how == 4) CHECK(thrown.find("a second combine of one dispatch") != std::string::npos);
+    if (how < 4) {  // nothing summed: every rank's output keeps its poison
+      std::vector<unsigned char> o(8 * 16 * 4);
+      for (int r = 0; r < n; ++r) {
+        TEST_CK(cudaMemcpy(o.data(), rg.out[r], o.size(), cudaMemcpyDeviceToHost));
+        for (unsigned char b : o) REQUIRE(b == 0xA5);
+      }
+    }
+    if (how == 0) {  // and too many tokens is refused on the host, before anything is launched
+      std::string what;
+      try {
+        rg.ex[1]->dispatch(rg.x[1], rg.idx[1], 9, rg.streams[1]);
+      } catch (reccl::error const& e) {
+        what = e.what();
+      }
+      CHECK(what.find("9 tokens, created for 8") != std::string::npos);
+    }
   }
-  std::vector<unsigned char> o(8 * 16 * 4);
-  TEST_CK(cudaMemcpy(o.data(), rg.out[1], o.size(), cudaMemcpyDeviceToHost));
-  for (unsigned char b : o) REQUIRE(b == 0xA5);  // combine wrote nothing
-  // and too many tokens is refused on the host, before anything is launched
-  std::string what;
-  try {
-    rg.ex[1]->dispatch(rg.x[1], rg.idx[1], 9, rg.streams[1]);
-  } catch (reccl::error const& e) {
-    what = e.what();
-  }
-  CHECK(what.find("9 tokens, created for 8") != std::string::npos);
 }

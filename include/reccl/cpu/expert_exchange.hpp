@@ -73,7 +73,7 @@ class expert_exchange {
   std::span<std::int32_t const> expert_offsets() const { return offsets_; }  ///< first row per local expert, then the end
 
   /// Sends each of `n_tokens` rows of `x` to the ranks of its experts (see the file comment).
-  /// Every rank calls it; a rank with bad input (an expert index outside [-1, n_experts), more
+  /// Every rank calls it; a rank with bad input (an expert index outside [-1, n_experts) or an expert twice in one token, more
   /// tokens than max_tokens, null pointers) makes every rank throw reccl::error(invalid_argument)
   /// naming it, before any row moves.
   dispatch_result dispatch(Tok const* x, std::int32_t const* topk_idx, std::uint64_t n_tokens) {
@@ -95,7 +95,7 @@ class expert_exchange {
       masks[t] = moe::ranks_of_token(g, topk_idx + t * k);
       if (masks[t] == moe::bad_token) {
         refuse = call_reject::bad_expert;
-        why = "token " + std::to_string(t) + " names an expert outside [-1, " + std::to_string(g.n_experts) + ")";
+        why = "token " + std::to_string(t) + " names an expert outside [-1, " + std::to_string(g.n_experts) + ") or one expert twice";
       }
     }
     if (refuse != call_reject::none) masks.clear();

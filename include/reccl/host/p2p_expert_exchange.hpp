@@ -13,10 +13,18 @@
 // Creation reserves the window space (capacity(), memory_bytes()) and is collective: every rank
 // creates its exchanges in the same order with the same config.
 //
-// Errors: host-side checks (too many tokens, null or misaligned pointers) fail the call on every
-// rank at once and throw here; an expert index outside [-1, n_experts) is found on the device and
-// records a fault naming that rank on every rank, before any row moves. check() on the
-// communicator throws it; faults are sticky (rebuild the communicator).
+// Errors: host-side checks (too many tokens, null or misaligned pointers, a second combine of one
+// dispatch) fail the call on every rank at once and throw here (during graph capture the raising
+// kernel is captured too, so the graph's replays fail every rank). Found on the device, before any
+// row moves, and recorded on every rank naming the rank at fault: an expert index outside
+// [-1, n_experts) or named twice in one token; an exchange created with another config or CTA count
+// than rank 0's; a null y on a rank that received rows. check() on the communicator throws it;
+// faults are sticky (rebuild the communicator).
+//
+// Loopback ranks (one thread issuing every rank's calls): a kernel of yours launched between the
+// ranks' calls, such as the experts, must be loaded before the first dispatch (reccl::load_kernel,
+// or CUDA_MODULE_LOADING=EAGER): a lazy load waits for the kernels running, and those wait for the
+// next rank's call.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,7 +44,8 @@ template <class Tok>
 class p2p_expert_exchange {
  public:
   /// Reserves this exchange's flags and window bytes on `comm` (collective: see the file comment).
-  /// `ctas`: CTAs of the send, file, return and sum steps.
+  /// `ctas`: CTAs of the send, file, return and sum steps, in [1, 64]; every rank passes the same
+  /// (checked on the device at each dispatch, with the config).
   p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 8) : comm_(&comm), cfg_(cfg) {
     auto bad = [&](std::string const& why) { throw error(status::invalid_argument, "p2p_expert_exchange: " + why, comm.rank()); };
     if (char const* why = cfg.route.invalid()) bad(why);
@@ -54,17 +63,20 @@ class p2p_expert_exchange {
     L.align = cfg.align;
     L.hidden = cfg.hidden;
     L.max_tokens = T;
+    L.digest = shape_digest(cfg, ctas);
+    // the same reservations on every rank whatever its config, so that a rank created with other
+    // values fails at its first dispatch (the digest) instead of using other ranks' flags
     L.table = comm.reserve_flags(1);
-    L.done = comm.reserve_flags(ctas);
-    L.back = comm.reserve_flags(ctas);
-    L.table_off = comm.reserve_bytes(8ull * static_cast<std::uint64_t>(L.row_words()), 128);
+    L.done = comm.reserve_flags(device::moe_max_ctas);
+    L.back = comm.reserve_flags(device::moe_max_ctas);
+    L.table_off = comm.reserve_bytes(8ull * static_cast<std::uint64_t>(L.table_words()), 128);
     L.grouped_off = comm.reserve_bytes(bound_.grouped * H * sizeof(Tok), 256);
     L.records_off = comm.reserve_bytes(bound_.rows * 4ull * static_cast<std::uint64_t>(L.record_words()), 256);
     L.landing_off = comm.reserve_bytes(T * static_cast<std::uint64_t>(k) * H * sizeof(Tok), 256);
-    window_bytes_ = 8ull * L.row_words() + bound_.grouped * H * sizeof(Tok) + bound_.rows * 4ull * L.record_words() +
+    window_bytes_ = 8ull * L.table_words() + bound_.grouped * H * sizeof(Tok) + bound_.rows * 4ull * L.record_words() +
                     T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
     std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
-    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + 32ull * L.row_words() * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
+    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + 32ull * L.counts_words() * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
     RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 8 * 256));
     char* c = static_cast<char*>(scratch_mem_);
     auto take = [&](std::uint64_t bytes) {
@@ -77,7 +89,7 @@ class p2p_expert_exchange {
     s.drank = static_cast<std::int32_t*>(take(slots * 4));
     s.slot_rows = static_cast<std::int64_t*>(take(slots * 8));
     s.rrank = static_cast<std::int32_t*>(take(T * n * 4));
-    s.hist = static_cast<std::int32_t*>(take(32ull * L.row_words() * 4));
+    s.hist = static_cast<std::int32_t*>(take(32ull * L.counts_words() * 4));
     s.rows_from = static_cast<std::int64_t*>(take((n + 1) * 8ull));
     s.expert_counts = static_cast<std::int32_t*>(take(epr * 4ull));
     s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
@@ -86,8 +98,11 @@ class p2p_expert_exchange {
                            reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_return_kernel<Tok>),
                            reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
       load_kernel(k_);
-    require_co_resident(reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), ctas, device::moe_threads, 0,
-                        comm.ranks_sharing_device(), "p2p_expert_exchange: ctas", comm.rank());
+    int const here = comm.ranks_sharing_device();
+    require_co_resident(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), 1, device::moe_layout_threads, 0, here,
+                        "p2p_expert_exchange: layout step", comm.rank());
+    for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
+      require_co_resident(k_, ctas, device::moe_threads, 0, here, "p2p_expert_exchange: ctas", comm.rank());
   }
   p2p_expert_exchange(p2p_expert_exchange const&) = delete;
   p2p_expert_exchange& operator=(p2p_expert_exchange const&) = delete;
@@ -116,6 +131,8 @@ class p2p_expert_exchange {
     a.topk_idx = topk_idx;
     a.n_tokens = n_tokens;
     tokens_ = n_tokens;
+    dispatched_ = true;
+    combined_ = false;
     device::moe_layout_kernel<Tok><<<1, device::moe_layout_threads, 0, stream>>>(a);
     device::moe_send_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     device::moe_file_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
@@ -124,11 +141,14 @@ class p2p_expert_exchange {
 
   /// Returns the experts' outputs `y` (device, laid out like received()) to their tokens' ranks
   /// and writes out[t] (device, [n_tokens, H] of the latest dispatch): the fp32 sum of w * y over
-  /// token t's slots in top-k order, rounded once. Every rank calls it.
+  /// token t's slots in top-k order, rounded once. Every rank calls it, once per dispatch. y may be
+  /// null on a rank that received no rows (found on the device otherwise).
   void combine(Tok const* y, float const* topk_weights, Tok* out, cudaStream_t stream) {
+    if (!dispatched_) reject(device::fault_cause::bad_argument, "combine before any dispatch", stream);
+    if (combined_)
+      reject(device::fault_cause::bad_argument, "a second combine of one dispatch (a peer may still read the first's rows)", stream);
     if (tokens_ > 0 && (out == nullptr || topk_weights == nullptr))
       reject(device::fault_cause::null_buffer, "out or topk_weights is null", stream);
-    if (y == nullptr) reject(device::fault_cause::null_buffer, "y is null", stream);
     if (reinterpret_cast<std::uintptr_t>(y) % alignof(Tok) != 0 || reinterpret_cast<std::uintptr_t>(out) % alignof(Tok) != 0 ||
         reinterpret_cast<std::uintptr_t>(topk_weights) % 4 != 0)
       reject(device::fault_cause::misaligned_buffer, "y, out or topk_weights is misaligned", stream);
@@ -137,6 +157,7 @@ class p2p_expert_exchange {
     a.topk_weights = topk_weights;
     a.out = out;
     a.n_tokens = tokens_;
+    combined_ = true;
     device::moe_return_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     device::moe_sum_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     RECCL_CUDA_CHECK(cudaGetLastError());
@@ -149,6 +170,14 @@ class p2p_expert_exchange {
     a.lane = lane_;
     a.s = scratch_;
     return a;
+  }
+  /// What every rank must create alike, folded into one word (FNV-1a).
+  static std::int64_t shape_digest(moe::exchange_config const& c, int ctas) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::uint64_t x : {std::uint64_t(c.route.nranks), std::uint64_t(c.route.n_experts), std::uint64_t(c.route.top_k), c.max_tokens,
+                            std::uint64_t(c.hidden), std::uint64_t(c.align), std::uint64_t(ctas), std::uint64_t(sizeof(Tok))})
+      h = (h ^ x) * 1099511628211ull;
+    return static_cast<std::int64_t>(h | 1u);  // never 0
   }
   [[noreturn]] void reject(device::fault_cause cause, std::string const& what, cudaStream_t stream) {
     comm_->raise_everywhere(device::fault{status::invalid_argument, comm_->rank(), -1, -1, cause}, stream);
@@ -163,6 +192,7 @@ class p2p_expert_exchange {
   void* scratch_mem_ = nullptr;
   std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0;
   std::uint64_t tokens_ = 0;  // of the latest dispatch
+  bool dispatched_ = false, combined_ = false;
 };
 
 }  // namespace reccl

@@ -48,7 +48,8 @@ struct routing {
 };
 
 /// The ranks one token visits, as a bit mask (bit r: rank r holds one of its experts), or
-/// `bad_token` when a slot names an expert outside [-1, n_experts).
+/// `bad_token` when a slot names an expert outside [-1, n_experts) or an expert another slot of
+/// the token names already (the receive bound counts each expert once per token).
 inline constexpr std::uint64_t bad_token = ~std::uint64_t{0};
 
 RECCL_HOST_DEVICE std::uint64_t ranks_of_token(routing const& g, std::int32_t const* topk_row) {
@@ -57,6 +58,8 @@ RECCL_HOST_DEVICE std::uint64_t ranks_of_token(routing const& g, std::int32_t co
     std::int32_t const e = topk_row[j];
     if (e == -1) continue;
     if (e < -1 || e >= g.n_experts) return bad_token;
+    for (int i = 0; i < j; ++i)
+      if (topk_row[i] == e) return bad_token;
     mask |= std::uint64_t{1} << g.rank_of(e);
   }
   return mask;

@@ -5,11 +5,13 @@
 //   dispatch, on every rank (stream order):
 //   1. layout   (1 CTA)   rank every slot among this rank's slots of the same expert and of the same
 //                         destination rank, and every token among this rank's tokens to each rank,
-//                         in (token, slot) order; publish a row of the table in my window --
-//                         counts per expert, rows and (token, slot) pairs per destination, and a
-//                         refusal (an expert index outside [-1, n_experts)); exchange rows with
-//                         every rank. Every rank then sees the same table: a refusal anywhere
-//                         records the same fault (naming the rank) everywhere, and nothing moves
+//                         in (token, slot) order; publish a row of the table in my window -- a
+//                         digest of the exchange's shape (config, CTAs, token size), a refusal (an
+//                         expert index outside [-1, n_experts), or twice in a token), counts per
+//                         expert, rows and (token, slot) pairs per destination; exchange rows with
+//                         every rank. Every rank then sees the same table: a shape that differs from
+//                         rank 0's, or a refusal, records the same fault (naming the first such
+//                         rank) everywhere, and nothing moves
 //   2. send     (G CTAs)  from the table: where each expert's rows start on its rank (aligned), and
 //                         how many rows of each expert lower ranks send. Each token row crosses once
 //                         to each rank it visits, into the grouped position of its first slot there,
@@ -23,8 +25,13 @@
 //
 // Reuse across calls needs no extra round: a rank writes into rank d's window (grouped rows,
 // records) only after d's layout step of the same call has published its row, which comes after
-// d's previous combine in d's stream; combine writes into the token's rank only after that rank's
-// dispatch of the same call, which follows its previous sum. Epochs are per-CTA sequence words.
+// d's previous file step in d's stream; combine writes into the token's rank only after that
+// rank's dispatch of the same call, which follows its previous sum. Table rows alternate between
+// two copies by the parity of the call: rank s rewrites copy p only in call i + 2, after its file
+// step of call i + 1 waited for every rank's send step of call i + 1, which follows that rank's
+// reads of copy p in call i -- so dispatches may follow each other without a combine. Combine
+// must follow a dispatch (the host object refuses a second combine of one dispatch). Epochs are
+// per-CTA sequence words.
 #pragma once
 
 #include <cstdint>
@@ -39,22 +46,28 @@ namespace reccl::device {
 inline constexpr int moe_layout_threads = 1024;  ///< one CTA, 32 warps
 inline constexpr int moe_threads = 512;
 inline constexpr int moe_max_experts = 1024;
+inline constexpr int moe_max_ctas = 64;  ///< flags are reserved for this many CTAs, whatever the exchange uses
 
 /// Window offsets and flags of one expert exchange (reserved at its creation, in the same order on
 /// every rank), and its local scratch (plain device memory).
 struct moe_lane {
   flag_id table{};  ///< layout CTA's row published
-  flag_id done{};   ///< done.index + cta: dispatch's puts of CTA cta finished
-  flag_id back{};   ///< back.index + cta: combine's puts of CTA cta finished
+  flag_id done{};   ///< done.index + cta: dispatch's puts of CTA cta finished (moe_max_ctas reserved)
+  flag_id back{};   ///< back.index + cta: combine's puts of CTA cta finished (moe_max_ctas reserved)
   std::uint64_t table_off = 0, grouped_off = 0, records_off = 0, landing_off = 0;
+  std::int64_t digest = 0;  ///< of the shape every rank must agree on (host: moe_shape_digest)
   std::int32_t ctas = 1;
   std::int32_t align = 1;
   std::int32_t hidden = 0;
   moe::routing route{};
   std::uint64_t max_tokens = 0;
 
-  /// A table row (int64 words): counts per expert [E], rows per rank [n], pairs per rank [n], refusal.
-  RECCL_HOST_DEVICE constexpr int row_words() const { return route.n_experts + 2 * route.nranks + 1; }
+  /// A rank's table at table_off, int64 words, two copies of everything by call parity p: heads
+  /// [2][digest, refusal] first (at the same place whatever the config, so a rank created with
+  /// another one is caught by its digest), then counts [2][counts_words()]: counts per expert
+  /// [E], rows per rank [n], (token, slot) pairs per rank [n].
+  RECCL_HOST_DEVICE constexpr int counts_words() const { return route.n_experts + 2 * route.nranks; }
+  RECCL_HOST_DEVICE constexpr int table_words() const { return 4 + 2 * counts_words(); }
   RECCL_HOST_DEVICE constexpr int record_words() const { return 2 * route.top_k; }
 };
 
@@ -62,7 +75,7 @@ struct moe_scratch {
   std::int32_t* erank = nullptr;     ///< [max_tokens * k] slot's rank among my slots of its expert
   std::int32_t* drank = nullptr;     ///< [max_tokens * k] ... among my slots to its rank
   std::int32_t* rrank = nullptr;     ///< [max_tokens * n] token's rank among my tokens to rank d (-1: none)
-  std::int32_t* hist = nullptr;      ///< [32][row_words]: per-warp counts, then per-warp bases
+  std::int32_t* hist = nullptr;      ///< [32][counts_words]: per-warp counts, then per-warp bases
   std::int64_t* slot_rows = nullptr; ///< [max_tokens * k] where each slot's row comes back (-1: unused)
   std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of rows received per source (dispatch's send step)
   std::int32_t* expert_counts = nullptr;   ///< [experts_per_rank]
@@ -118,6 +131,14 @@ RECCL_DEVICE Tok from_float(float f) {
   return v;
 }
 
+/// Rank s's table head / counts of the call with epoch `epoch` (its parity picks the copy).
+RECCL_DEVICE std::int64_t* table_head(memory_handle const& h, moe_lane const& L, int s, std::uint64_t epoch) {
+  return h.at<std::int64_t>(s, L.table_off) + 2 * static_cast<std::int64_t>(epoch & 1u);
+}
+RECCL_DEVICE std::int64_t* table_counts(memory_handle const& h, moe_lane const& L, int s, std::uint64_t epoch) {
+  return h.at<std::int64_t>(s, L.table_off) + 4 + static_cast<std::int64_t>(epoch & 1u) * L.counts_words();
+}
+
 /// Reads the fault word once per CTA: true in every thread when the rank has failed.
 RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
   __shared__ int f;
@@ -135,9 +156,11 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   memory_handle const& h = a.h;
   moe::routing const g = a.lane.route;
   int const n = g.nranks, k = g.top_k, E = g.n_experts, me = h.rank();
-  int const W = a.lane.row_words();
+  int const W = a.lane.counts_words();
   int const tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warps = moe_layout_threads / 32;
   std::uint64_t const T = a.n_tokens;
+  std::uint64_t* const seq = h.sequence(a.lane.table);
+  std::uint64_t const epoch = *seq + 1;
   std::uint64_t const chunk = (T + warps - 1) / warps;
   std::uint64_t const t0 = chunk * warp < T ? chunk * warp : T, t1 = t0 + chunk < T ? t0 + chunk : T;
   std::int32_t* const mine = a.s.hist + static_cast<std::int64_t>(warp) * W;
@@ -157,7 +180,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   for (std::uint64_t u0 = t0; u0 < t1; u0 += 32) {
     std::uint64_t const t = u0 + lane;
     std::uint64_t m = t < t1 ? moe::ranks_of_token(g, a.topk_idx + t * k) : 0;
-    if (m == moe::bad_token) m = 0;
+    if (m == moe::bad_token) bad = true, m = 0;
     for (int d = 0; d < n; ++d) {
       std::int32_t const r = rank_in_round((m >> d) & 1u ? d : -1, mine + E, lane);
       if (t < t1) a.s.rrank[t * n + d] = r;
@@ -165,8 +188,9 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   }
   int const refused = __syncthreads_or(bad ? 1 : 0);
   // per-warp counts -> per-warp bases; the totals are this rank's row of the table
-  std::int64_t* const row = h.at<std::int64_t>(me, a.lane.table_off);
-  for (int c = tid; c < W - 1; c += blockDim.x) {
+  std::int64_t* const head = table_head(h, a.lane, me, epoch);
+  std::int64_t* const row = table_counts(h, a.lane, me, epoch);
+  for (int c = tid; c < W; c += blockDim.x) {
     std::int32_t run = 0;
     for (int w = 0; w < warps; ++w) {
       std::int32_t const v = a.s.hist[w * W + c];
@@ -175,7 +199,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     }
     row[c] = run;
   }
-  if (tid == 0) row[W - 1] = refused;
+  if (tid == 0) head[0] = a.lane.digest, head[1] = refused;
   __syncthreads();
   // final ranks, and where each slot's row comes back in combine (after the pairs of lower ranks)
   __shared__ std::int64_t pair_base[max_memory_ranks];
@@ -201,8 +225,6 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     if (a.s.rrank[i] >= 0) a.s.rrank[i] += a.s.hist[w * W + E + static_cast<int>(i % n)];
   }
   // exchange rows
-  std::uint64_t* const seq = h.sequence(a.lane.table);
-  std::uint64_t const epoch = *seq + 1;
   deadline_clock clock(h.timeout_ns);
   bool ok = true;
   __syncthreads();  // the row precedes the signals
@@ -212,11 +234,16 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   }
   if (__syncthreads_and(ok ? 1 : 0) == 0) return;
   if (tid == 0) {
-    for (int s = 0; s < n; ++s)
-      if (load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(h.at<std::int64_t>(s, a.lane.table_off) + W - 1)) != 0) {
-        h.record_fault(fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument});
-        break;
-      }
+    auto word = [&](int s, int w) {
+      return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, s, epoch) + w)));
+    };
+    fault f{};
+    std::int64_t const shape0 = word(0, 0);
+    for (int s = 0; s < n && f.ok(); ++s)
+      if (word(s, 0) != shape0) f = fault{status::invalid_argument, s, 0, -1, fault_cause::peer_mismatch};
+    for (int s = 0; s < n && f.ok(); ++s)
+      if (word(s, 1) != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
+    if (!f.ok()) h.record_fault(f);
     *seq = epoch;
   }
 }
@@ -228,17 +255,19 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
   memory_handle const& h = a.h;
   moe::routing const g = a.lane.route;
   int const n = g.nranks, k = g.top_k, E = g.n_experts, epr = g.experts_per_rank(), me = h.rank();
-  int const W = a.lane.row_words(), R = a.lane.record_words();
+  int const R = a.lane.record_words();
   int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
   std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  std::uint64_t const call = *h.sequence(a.lane.table);  // the layout step of this call advanced it
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
   if (cta_faulted(h)) return;
   __shared__ std::int32_t below[moe_max_experts];   // rows of expert e that lower ranks send
   __shared__ std::int32_t start[moe_max_experts];   // first grouped row of expert e on its rank
   __shared__ std::int64_t rows_below[max_memory_ranks];
-  auto table = [&](int s, int w) {
-    return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(h.at<std::int64_t>(s, a.lane.table_off) + w)));
+  auto table = [&](int s, int w) {  // word w of rank s's counts
+    return static_cast<std::int64_t>(
+        load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_counts(h, a.lane, s, call) + w)));
   };
   for (int e = tid; e < E; e += blockDim.x) {
     std::int32_t b = 0, total = 0;
@@ -357,6 +386,10 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
   if (cta_faulted(h)) return;
+  if (a.y == nullptr && a.s.rows_from[n] > 0) {  // rows came in, so y was needed: no rank's sum runs
+    if (cta == 0 && tid == 0) h.raise_everywhere(fault{status::invalid_argument, h.rank(), -1, -1, fault_cause::null_buffer});
+    return;
+  }
   int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
   int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
   std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
