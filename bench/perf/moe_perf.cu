@@ -68,7 +68,7 @@ int iters_for(std::uint64_t tokens) { return tokens >= 512 ? 5 : 20; }
 
 int main(int argc, char** argv) {
   CLI::App app{"MoE dispatch and combine on loopback ranks, next to a copy floor and an empty kernel"};
-  int ranks = 2, reps = 10, hidden = 7168, experts = 256, top_k = 8, ctas = 16, align = 16;
+  int ranks = 2, reps = 10, hidden = 7168, experts = 256, top_k = 8, ctas = 64, align = 16;
   std::vector<std::uint64_t> token_counts{1, 8, 128, 512, 4096};
   std::string json_path;
   app.add_option("--ranks", ranks, "loopback ranks")->check(CLI::Range(1, 8));

@@ -46,7 +46,7 @@ class p2p_expert_exchange {
   /// Reserves this exchange's flags and window bytes on `comm` (collective: see the file comment).
   /// `ctas`: CTAs of the send, file, return and sum steps, in [1, 64]; every rank passes the same
   /// (checked on the device at each dispatch, with the config).
-  p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 8) : comm_(&comm), cfg_(cfg) {
+  p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 32) : comm_(&comm), cfg_(cfg) {
     auto bad = [&](std::string const& why) { throw error(status::invalid_argument, "p2p_expert_exchange: " + why, comm.rank()); };
     if (char const* why = cfg.route.invalid()) bad(why);
     if (cfg.route.nranks != comm.size()) bad("route.nranks differs from the communicator's rank count");
@@ -76,8 +76,8 @@ class p2p_expert_exchange {
     window_bytes_ = 8ull * L.table_words() + bound_.grouped * H * sizeof(Tok) + bound_.rows * 4ull * L.record_words() +
                     T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
     std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
-    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + 32ull * L.counts_words() * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
-    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 8 * 256));
+    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
+    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 7 * 256));
     char* c = static_cast<char*>(scratch_mem_);
     auto take = [&](std::uint64_t bytes) {
       void* p = c;
@@ -89,17 +89,20 @@ class p2p_expert_exchange {
     s.drank = static_cast<std::int32_t*>(take(slots * 4));
     s.slot_rows = static_cast<std::int64_t*>(take(slots * 8));
     s.rrank = static_cast<std::int32_t*>(take(T * n * 4));
-    s.hist = static_cast<std::int32_t*>(take(32ull * L.counts_words() * 4));
     s.rows_from = static_cast<std::int64_t*>(take((n + 1) * 8ull));
     s.expert_counts = static_cast<std::int32_t*>(take(epr * 4ull));
     s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
-    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 8 * 256));
+    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 7 * 256));
+    layout_smem_ = device::moe_layout_smem(L);  // at most 32 x (1024 + 128) x 4 bytes: within sm_90's 227 KiB
+    if (layout_smem_ > 48 * 1024)
+      RECCL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(layout_smem_)));
     for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_send_kernel<Tok>),
                            reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_return_kernel<Tok>),
                            reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
       load_kernel(k_);
     int const here = comm.ranks_sharing_device();
-    require_co_resident(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), 1, device::moe_layout_threads, 0, here,
+    require_co_resident(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), 1, device::moe_layout_threads, layout_smem_, here,
                         "p2p_expert_exchange: layout step", comm.rank());
     for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
       require_co_resident(k_, ctas, device::moe_threads, 0, here, "p2p_expert_exchange: ctas", comm.rank());
@@ -133,7 +136,7 @@ class p2p_expert_exchange {
     tokens_ = n_tokens;
     dispatched_ = true;
     combined_ = false;
-    device::moe_layout_kernel<Tok><<<1, device::moe_layout_threads, 0, stream>>>(a);
+    device::moe_layout_kernel<Tok><<<1, device::moe_layout_threads, layout_smem_, stream>>>(a);
     device::moe_send_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     device::moe_file_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     RECCL_CUDA_CHECK(cudaGetLastError());
@@ -190,7 +193,7 @@ class p2p_expert_exchange {
   device::moe_lane lane_{};
   device::moe_scratch scratch_{};
   void* scratch_mem_ = nullptr;
-  std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0;
+  std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0, layout_smem_ = 0;
   std::uint64_t tokens_ = 0;  // of the latest dispatch
   bool dispatched_ = false, combined_ = false;
 };

@@ -75,7 +75,6 @@ struct moe_scratch {
   std::int32_t* erank = nullptr;     ///< [max_tokens * k] slot's rank among my slots of its expert
   std::int32_t* drank = nullptr;     ///< [max_tokens * k] ... among my slots to its rank
   std::int32_t* rrank = nullptr;     ///< [max_tokens * n] token's rank among my tokens to rank d (-1: none)
-  std::int32_t* hist = nullptr;      ///< [32][counts_words]: per-warp counts, then per-warp bases
   std::int64_t* slot_rows = nullptr; ///< [max_tokens * k] where each slot's row comes back (-1: unused)
   std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of rows received per source (dispatch's send step)
   std::int32_t* expert_counts = nullptr;   ///< [experts_per_rank]
@@ -139,6 +138,29 @@ RECCL_DEVICE std::int64_t* table_counts(memory_handle const& h, moe_lane const& 
   return h.at<std::int64_t>(s, L.table_off) + 4 + static_cast<std::int64_t>(epoch & 1u) * L.counts_words();
 }
 
+/// One warp copies a row of `bytes` (any memory this GPU reads or writes, peers' windows too):
+/// four 16-byte packs per lane in flight where both pointers and the length are 16-byte multiples,
+/// memory_handle::copy otherwise. No ordering (as copy()).
+RECCL_DEVICE void copy_row(void* dst, void const* src, std::uint64_t bytes, int lane) {
+  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | bytes) & 15u) != 0) {
+    memory_handle::copy(dst, src, bytes, lane, 32);
+    return;
+  }
+  constexpr int U = 4;
+  uint4* const d = static_cast<uint4*>(dst);
+  uint4 const* const s = static_cast<uint4 const*>(src);
+  std::uint64_t const packs = bytes / 16;
+  std::uint64_t i = static_cast<std::uint64_t>(lane);
+  for (; i + 32 * (U - 1) < packs; i += 32 * U) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = s[i + 32 * u];
+#pragma unroll
+    for (int u = 0; u < U; ++u) d[i + 32 * u] = v[u];
+  }
+  for (; i < packs; i += 32) d[i] = s[i];
+}
+
 /// Reads the fault word once per CTA: true in every thread when the rank has failed.
 RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
   __shared__ int f;
@@ -149,7 +171,12 @@ RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
 
 }  // namespace moe_detail
 
-/// Step 1 (one CTA of moe_layout_threads).
+/// Dynamic shared memory of the layout step: per-warp counts, then per-warp bases [32][counts_words].
+RECCL_HOST_DEVICE constexpr std::uint64_t moe_layout_smem(moe_lane const& L) {
+  return 4ull * (moe_layout_threads / 32) * static_cast<std::uint64_t>(L.counts_words());
+}
+
+/// Step 1 (one CTA of moe_layout_threads, moe_layout_smem() bytes of dynamic shared memory).
 template <class Tok>
 __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args<Tok> const a) {
   using namespace moe_detail;
@@ -163,7 +190,8 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   std::uint64_t const epoch = *seq + 1;
   std::uint64_t const chunk = (T + warps - 1) / warps;
   std::uint64_t const t0 = chunk * warp < T ? chunk * warp : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-  std::int32_t* const mine = a.s.hist + static_cast<std::int64_t>(warp) * W;
+  extern __shared__ std::int32_t hist[];  // [warps][W]
+  std::int32_t* const mine = hist + static_cast<std::int64_t>(warp) * W;
   for (int i = lane; i < W; i += 32) mine[i] = 0;
   __syncwarp();
   bool bad = false;
@@ -193,8 +221,8 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   for (int c = tid; c < W; c += blockDim.x) {
     std::int32_t run = 0;
     for (int w = 0; w < warps; ++w) {
-      std::int32_t const v = a.s.hist[w * W + c];
-      a.s.hist[w * W + c] = run;
+      std::int32_t const v = hist[w * W + c];
+      hist[w * W + c] = run;
       run += v;
     }
     row[c] = run;
@@ -216,13 +244,13 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
       continue;
     }
     std::int32_t const d = g.rank_of(e);
-    a.s.erank[q] += a.s.hist[w * W + e];
-    a.s.drank[q] += a.s.hist[w * W + E + n + d];
+    a.s.erank[q] += hist[w * W + e];
+    a.s.drank[q] += hist[w * W + E + n + d];
     a.s.slot_rows[q] = pair_base[d] + a.s.drank[q];
   }
   for (std::uint64_t i = tid; i < T * n; i += blockDim.x) {
     std::int32_t const w = static_cast<std::int32_t>((i / n) / chunk);
-    if (a.s.rrank[i] >= 0) a.s.rrank[i] += a.s.hist[w * W + E + static_cast<int>(i % n)];
+    if (a.s.rrank[i] >= 0) a.s.rrank[i] += hist[w * W + E + static_cast<int>(i % n)];
   }
   // exchange rows
   deadline_clock clock(h.timeout_ns);
@@ -285,16 +313,28 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
     rows_below[tid] = b;
   }
   __syncthreads();
-  if (tid < n) {  // rank tid's experts: aligned prefix of their totals
-    std::int64_t at = 0;
-    for (int l = 0; l < epr; ++l) {
-      int const e = tid * epr + l;
-      std::int32_t const total = start[e];
-      start[e] = static_cast<std::int32_t>(at);
-      if (tid == me && cta == 0) a.s.expert_counts[l] = total, a.s.expert_offsets[l] = static_cast<std::int32_t>(at);
-      at = static_cast<std::int64_t>(moe::align_up(static_cast<std::uint64_t>(at + total), static_cast<std::uint64_t>(a.lane.align)));
+  // rank d's experts start at the exclusive prefix of their aligned totals (every start is a
+  // multiple of align, so align_up(start + total) = start + align_up(total)): one warp per rank
+  for (int d = tid / 32; d < n; d += static_cast<int>(blockDim.x / 32)) {
+    std::int32_t carry = 0;
+    std::int32_t const al = a.lane.align;
+    for (int base = 0; base < epr; base += 32) {
+      int const l = base + lane;
+      std::int32_t const total = l < epr ? start[d * epr + l] : 0;
+      std::int32_t const size = (total + al - 1) / al * al;
+      std::int32_t incl = size;
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        std::int32_t const y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      if (l < epr) {
+        start[d * epr + l] = carry + incl - size;
+        if (d == me && cta == 0) a.s.expert_counts[l] = total, a.s.expert_offsets[l] = carry + incl - size;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
     }
-    if (tid == me && cta == 0) a.s.expert_offsets[epr] = static_cast<std::int32_t>(at);
+    if (d == me && cta == 0 && lane == 0) a.s.expert_offsets[epr] = carry;
   }
   if (cta == 0 && tid == 0) {
     std::int64_t at = 0;
@@ -321,7 +361,7 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
         r[lane] = pos;
         r[k + lane] = here ? static_cast<std::int32_t>(a.s.slot_rows[t * k + lane]) : -1;
       }
-      memory_handle::copy(h.at<Tok>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * H, a.x + t * H, H * sizeof(Tok), lane, 32);
+      copy_row(h.at<Tok>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * H, a.x + t * H, H * sizeof(Tok), lane);
     }
   }
   __syncthreads();  // every thread's puts precede the signals
@@ -364,14 +404,23 @@ __global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> con
     while (on) {
       std::int32_t const p = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
       on &= on - 1;
-      memory_handle::copy(grouped + static_cast<std::uint64_t>(p) * H, grouped + static_cast<std::uint64_t>(p0) * H, H * sizeof(Tok), lane, 32);
+      copy_row(grouped + static_cast<std::uint64_t>(p) * H, grouped + static_cast<std::uint64_t>(p0) * H, H * sizeof(Tok), lane);
     }
   }
-  // padding rows: zeros
-  for (int l = 0; l < epr; ++l) {
-    std::int64_t const lo = a.s.expert_offsets[l] + a.s.expert_counts[l], hi = a.s.expert_offsets[l + 1];
-    for (std::int64_t p = lo + gwarp; p < hi; p += warps)
-      for (std::uint64_t c = lane; c < H; c += 32) grouped[static_cast<std::uint64_t>(p) * H + c] = from_float<Tok>(0.f);
+  // padding rows: zeros. Expert l has fewer than align of them: candidate j = l * (align - 1) + r
+  // is row offsets[l] + counts[l] + r when that is below offsets[l + 1]; one warp per candidate
+  std::int64_t const pad_max = a.lane.align - 1;
+  for (std::int64_t j = gwarp; j < static_cast<std::int64_t>(epr) * pad_max; j += warps) {
+    int const l = static_cast<int>(j / pad_max);
+    std::int64_t const p = a.s.expert_offsets[l] + a.s.expert_counts[l] + j % pad_max;
+    if (p < a.s.expert_offsets[l + 1]) {
+      Tok* const row = grouped + static_cast<std::uint64_t>(p) * H;
+      if ((H * sizeof(Tok)) % 16 == 0) {  // rows start 16-byte aligned (the area is 256-aligned)
+        for (std::uint64_t c = lane; c < H * sizeof(Tok) / 16; c += 32) reinterpret_cast<uint4*>(row)[c] = make_uint4(0, 0, 0, 0);
+      } else {
+        for (std::uint64_t c = lane; c < H; c += 32) row[c] = from_float<Tok>(0.f);
+      }
+    }
   }
 }
 
@@ -403,8 +452,8 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
       int const j = __ffs(on) - 1;
       on &= on - 1;
       std::int32_t const p = __shfl_sync(0xffffffffu, pos, j), back = __shfl_sync(0xffffffffu, ret, j);
-      memory_handle::copy(h.at<Tok>(s, a.lane.landing_off) + static_cast<std::uint64_t>(back) * H,
-                          a.y + static_cast<std::uint64_t>(p) * H, H * sizeof(Tok), lane, 32);
+      copy_row(h.at<Tok>(s, a.lane.landing_off) + static_cast<std::uint64_t>(back) * H, a.y + static_cast<std::uint64_t>(p) * H,
+               H * sizeof(Tok), lane);
     }
   }
   __syncthreads();
@@ -424,6 +473,33 @@ __global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> cons
   if (!moe_wait_all(h, a.lane.back, a.lane.ctas, epoch)) return;
   Tok const* const landing = h.at<Tok>(h.rank(), a.lane.landing_off);
   std::uint64_t const total = a.n_tokens * H;
+  constexpr int V = 16 / sizeof(Tok);  // values per 16-byte pack
+  if (H % V == 0 && reinterpret_cast<std::uintptr_t>(a.out) % 16 == 0) {
+    // a pack of V values per thread: the same fma chain per value, 16-byte loads and stores
+    for (std::uint64_t i = (cta * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) * V; i < total;
+         i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x * V) {
+      std::uint64_t const t = i / H, c = i % H;
+      float acc[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = 0.f;
+      for (int j = 0; j < k; ++j)
+        if (std::int64_t const r = a.s.slot_rows[t * k + j]; r >= 0) {
+          float const w = a.topk_weights[t * k + j];
+          uint4 const pk = *reinterpret_cast<uint4 const*>(landing + static_cast<std::uint64_t>(r) * H + c);
+          Tok vals[V];
+          memcpy(vals, &pk, 16);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] = __fmaf_rn(w, to_float<Tok>(vals[v]), acc[v]);
+        }
+      Tok outv[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) outv[v] = from_float<Tok>(acc[v]);
+      uint4 pk;
+      memcpy(&pk, outv, 16);
+      *reinterpret_cast<uint4*>(a.out + i) = pk;
+    }
+    return;
+  }
   for (std::uint64_t i = cta * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     std::uint64_t const t = i / H, c = i % H;
