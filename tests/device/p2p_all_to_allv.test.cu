@@ -18,6 +18,7 @@
 #include "reccl/policy/allocator/equal.hpp"
 #include "reccl/policy/schedule/all_to_all.hpp"
 #include "reccl/policy/telemetry/none.hpp"
+#include "a2av_plan.hpp"
 #include "support.cuh"
 
 namespace {
@@ -26,7 +27,9 @@ using reccl::p2p_communicator;
 template <class T>
 using a2av = reccl::all_to_allv<T, reccl::schedule::all_to_all, reccl::transport::p2p, reccl::telemetry::none,
                                 reccl::allocator::equal>;
-constexpr unsigned char poison = 0xA5;
+using a2av_test::make_plan;
+using a2av_test::plan;
+using a2av_test::poison;
 
 /// Loopback ranks, a stream each, and per rank: a send buffer (plain device memory), a receive
 /// buffer in the window of `cap` bytes, and the four count arrays.
@@ -79,34 +82,6 @@ struct rig {
     return out;
   }
 };
-
-/// One case: counts[s][d] in elements of T, offsets with gaps; host copies of the send data.
-/// Receivers d with bit d of `full` get max_count elements from every source.
-struct plan {
-  std::vector<std::vector<std::int64_t>> counts, offsets;
-  std::vector<std::vector<unsigned char>> data;  // per source, bytes
-};
-
-template <class T>
-plan make_plan(int n, std::uint32_t seed, std::int64_t max_count, std::uint64_t full = 0) {
-  std::mt19937 rng(seed);
-  plan p;
-  p.counts.assign(n, std::vector<std::int64_t>(n));
-  p.offsets.assign(n, std::vector<std::int64_t>(n));
-  p.data.resize(n);
-  for (int s = 0; s < n; ++s) {
-    std::int64_t at = 0;
-    for (int d = 0; d < n; ++d) {
-      p.counts[s][d] = rng() % 5 == 0 ? 0 : std::int64_t(rng() % (max_count + 1));
-      if ((full >> d) & 1u) p.counts[s][d] = max_count;
-      p.offsets[s][d] = at;
-      at += p.counts[s][d] + std::int64_t(rng() % 3);  // gaps (and misaligned starts)
-    }
-    p.data[s].resize(at * sizeof(T));
-    for (auto& b : p.data[s]) b = static_cast<unsigned char>(rng() % 251 + 1);  // never the poison pattern alone
-  }
-  return p;
-}
 
 template <class T>
 void upload(rig& g, plan const& p) {

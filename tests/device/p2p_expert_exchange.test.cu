@@ -22,64 +22,14 @@
 #include "reccl/policy/schedule/all_to_all.hpp"
 #include "reccl/policy/telemetry/none.hpp"
 #include "support.cuh"
+#include "moe_reference.cuh"
 #include "tests/cpu/moe_cases.hpp"
 
 namespace {
 
 using namespace reccl_test;
+using namespace moe_test;
 using reccl::p2p_communicator;
-
-/// The experts the tests run: y = round(x * (1 + e/8)), e the global expert (one rounding, so the
-/// host and the device agree bit for bit).
-template <class Tok>
-__global__ void experts_kernel(Tok const* grouped, Tok* y, std::int32_t const* offsets, std::int32_t const* counts, int epr,
-                               int rank, int hidden) {
-  for (int l = 0; l < epr; ++l) {
-    float const scale = 1.f + float(rank * epr + l) / 8.f;
-    std::uint64_t const lo = std::uint64_t(offsets[l]) * hidden, hi = lo + std::uint64_t(counts[l]) * hidden;
-    for (std::uint64_t i = lo + blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += std::uint64_t(gridDim.x) * blockDim.x)
-      y[i] = reccl::device::moe_detail::from_float<Tok>(__fmul_rn(reccl::device::moe_detail::to_float<Tok>(grouped[i]), scale));
-  }
-}
-
-template <class H>
-H host_expert(H x, int e) {
-  return H(static_cast<float>(x) * (1.f + float(e) / 8.f));
-}
-
-/// The CPU engine's answer for case `c`: every rank's grouped rows, counts, offsets and outputs.
-template <class H>
-struct cpu_answer {
-  std::vector<std::vector<H>> grouped, out;
-  std::vector<std::vector<std::int32_t>> counts, offsets;
-};
-
-template <class H>
-cpu_answer<H> cpu_reference(moe_case<H> const& c, std::uint64_t max_tokens, int align) {
-  int const n = c.g.nranks, epr = c.g.experts_per_rank();
-  std::uint64_t const Hd = c.hidden;
-  cpu_answer<H> ans;
-  ans.grouped.resize(n), ans.out.resize(n), ans.counts.resize(n), ans.offsets.resize(n);
-  reccl::cpu::config cfg;
-  cfg.nranks = n;
-  reccl::cpu::communicator comm(cfg);
-  comm.run_ranks([&](int r) {
-    reccl::cpu::expert_exchange<H, reccl::schedule::all_to_all, reccl::telemetry::none, reccl::allocator::equal> ex(
-        comm, r, {c.g, max_tokens, c.hidden, align});
-    ex.dispatch(c.x[r].data(), c.idx[r].data(), c.tokens[r]);
-    auto const rec = ex.received();
-    std::vector<H> y(rec.size());
-    for (int l = 0; l < epr; ++l)
-      for (std::int64_t p = ex.expert_offsets()[l]; p < ex.expert_offsets()[l] + ex.expert_counts()[l]; ++p)
-        for (std::uint64_t h = 0; h < Hd; ++h) y[p * Hd + h] = host_expert(rec[p * Hd + h], r * epr + l);
-    ans.out[r].resize(c.tokens[r] * Hd);
-    ex.combine(y.data(), c.w[r].data(), ans.out[r].data());
-    ans.grouped[r].assign(rec.begin(), rec.end());
-    ans.counts[r].assign(ex.expert_counts().begin(), ex.expert_counts().end());
-    ans.offsets[r].assign(ex.expert_offsets().begin(), ex.expert_offsets().end());
-  });
-  return ans;
-}
 
 /// Loopback ranks with one expert exchange each and device copies of a case's inputs.
 template <class H, class D>
