@@ -328,3 +328,147 @@ TEST_CASE("moe dispatch: an expert index out of range or twice in a token, too m
   CHECK_THROWS_AS(exchange<bf16>(comm, 0, {moe::routing{3, 7, 2}, 6, 4, 1}), reccl::error);  // 7 experts on 3 ranks
   CHECK_THROWS_AS(exchange<bf16>(comm, 0, {moe::routing{2, 6, 2}, 6, 4, 1}), reccl::error);  // not the comm's ranks
 }
+
+// ---------------------------------------------------------------------------------------------
+// fp8 dispatch
+
+TEST_CASE("e4m3: every code round-trips, rounding to nearest with ties to the even code, saturating at 448") {
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) {
+      CHECK(std::isnan(moe::e4m3_to_float(std::uint8_t(b))));
+      continue;
+    }
+    CAPTURE(b);
+    CHECK(moe::e4m3_from_float(moe::e4m3_to_float(std::uint8_t(b))) == b);
+  }
+  CHECK(moe::e4m3_to_float(0x38) == 1.f);
+  CHECK(moe::e4m3_to_float(0x7e) == 448.f);
+  CHECK(moe::e4m3_to_float(0x01) == std::ldexp(1.f, -9));
+  CHECK(moe::e4m3_to_float(0x08) == std::ldexp(1.f, -6));  // smallest normal
+  CHECK(moe::e4m3_from_float(1.f + 1.f / 16) == 0x38);     // tie: 1.0 (even) over 1.125
+  CHECK(moe::e4m3_from_float(1.f + 3.f / 16) == 0x3a);     // tie: 1.25 (even) over 1.125
+  CHECK(moe::e4m3_from_float(1.f + 1.f / 16 + 1e-6f) == 0x39);
+  CHECK(moe::e4m3_from_float(std::ldexp(1.f, -10)) == 0x00);      // tie between 0 and the smallest subnormal
+  CHECK(moe::e4m3_from_float(3 * std::ldexp(1.f, -10)) == 0x02);  // tie between codes 1 and 2
+  CHECK(moe::e4m3_from_float(1000.f) == 0x7e);
+  CHECK(moe::e4m3_from_float(-1000.f) == 0xfe);
+  CHECK(moe::e4m3_from_float(-0.f) == 0x80);
+  CHECK(moe::e4m3_from_float(std::nanf("")) == 0x7f);
+}
+
+namespace {
+
+/// One rank's tokens quantised to fp8 rows (values, scales) from a float case.
+struct fp8_rows_of {
+  std::vector<std::uint8_t> v;
+  std::vector<float> s;
+};
+
+fp8_rows_of quantise(std::vector<float> const& x, int hidden) {
+  std::uint64_t const T = x.size() / hidden;
+  fp8_rows_of q{std::vector<std::uint8_t>(x.size()), std::vector<float>(T * (hidden / 128))};
+  for (std::uint64_t t = 0; t < T; ++t) moe::quantize_e4m3_row(x.data() + t * hidden, hidden, q.v.data() + t * hidden, q.s.data() + t * (hidden / 128));
+  return q;
+}
+
+float dequant(fp8_rows_of const& q, int hidden, std::uint64_t t, std::uint64_t h) {
+  return moe::e4m3_to_float(q.v[t * hidden + h]) * q.s[t * (hidden / 128) + h / 128];
+}
+
+}  // namespace
+
+TEST_CASE("moe dispatch of fp8 rows: values and scales arrive bit for bit in the grouped layout, within e4m3's quantisation of the tokens") {
+  for (int n : {2, 3}) {
+    int const H = 256, S = H / 128, k = 4, align = 4;
+    std::uint64_t const T = 11;
+    moe::routing const g{n, 4 * n, k};
+    auto c = make_moe_case<float>(g, H, T, routing_kind::sparse, 77u + n);
+    for (auto& x : c.x)  // spread the magnitudes so blocks use e4m3's whole range, subnormals included
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.f, int(i % 23) - 12);
+    std::vector<fp8_rows_of> q;
+    for (int r = 0; r < n; ++r) {
+      q.push_back(quantise(c.x[r], H));
+      for (std::uint64_t i = 0; i < c.x[r].size(); ++i) {  // the quantisation itself
+        float const x = c.x[r][i], back = dequant(q[r], H, i / H, i % H), scale = q[r].s[(i / H) * S + (i % H) / 128];
+        REQUIRE(std::fabs(back - x) <= std::ldexp(std::fabs(x), -4) + std::ldexp(scale, -10) + 1e-30f);
+      }
+    }
+    int const epr = g.experts_per_rank();
+    cpu::communicator comm(small(n, 2));
+    std::vector<std::vector<std::uint8_t>> values(n);
+    std::vector<std::vector<float>> scales(n);
+    std::vector<std::vector<bf16>> out(n);
+    std::vector<std::vector<std::int32_t>> offsets(n), counts(n);
+    comm.run_ranks([&](int r) {
+      exchange<bf16> ex(comm, r, {g, T, H, align, moe::payload::fp8_e4m3});
+      ex.dispatch(moe::fp8_tokens{q[r].v.data(), q[r].s.data()}, c.idx[r].data(), c.tokens[r]);
+      auto const rec = ex.received_fp8();
+      values[r].assign(rec.values.begin(), rec.values.end());
+      scales[r].assign(rec.scales.begin(), rec.scales.end());
+      offsets[r].assign(ex.expert_offsets().begin(), ex.expert_offsets().end());
+      counts[r].assign(ex.expert_counts().begin(), ex.expert_counts().end());
+      // the experts dequantise: y = bf16(v * scale * (1 + e / 8))
+      std::vector<bf16> y(offsets[r][epr] * std::uint64_t(H));
+      for (int l = 0; l < epr; ++l)
+        for (std::int64_t p = offsets[r][l]; p < offsets[r][l] + counts[r][l]; ++p)
+          for (int h = 0; h < H; ++h)
+            y[p * H + h] = bf16(moe::e4m3_to_float(rec.values[p * H + h]) * rec.scales[p * S + h / 128] * (1.f + float(r * epr + l) / 8.f));
+      out[r].resize(c.tokens[r] * H);
+      ex.combine(y.data(), c.w[r].data(), out[r].data());
+      CHECK_THROWS_AS((void)ex.received(), reccl::error);
+    });
+    for (int d = 0; d < n; ++d)
+      for (int l = 0; l < epr; ++l) {
+        CAPTURE(d);
+        CAPTURE(l);
+        std::int64_t p = offsets[d][l];
+        for (int s = 0; s < n; ++s)
+          for (std::uint64_t t = 0; t < c.tokens[s]; ++t)
+            for (int j = 0; j < k; ++j)
+              if (c.idx[s][t * k + j] == d * epr + l) {
+                REQUIRE(std::memcmp(&values[d][p * H], &q[s].v[t * H], H) == 0);
+                REQUIRE(std::memcmp(&scales[d][p * S], &q[s].s[t * S], S * 4) == 0);
+                ++p;
+              }
+        REQUIRE(p == offsets[d][l] + counts[d][l]);
+        for (; p < offsets[d][l + 1]; ++p) {  // padding: zero values and scales
+          for (int h = 0; h < H; ++h) REQUIRE(values[d][p * H + h] == 0);
+          for (int b = 0; b < S; ++b) REQUIRE(scales[d][p * S + b] == 0.f);
+        }
+      }
+    for (int s = 0; s < n; ++s)
+      for (std::uint64_t t = 0; t < c.tokens[s]; ++t)
+        for (int h = 0; h < H; ++h) {
+          float acc = 0.f;
+          for (int j = 0; j < k; ++j)
+            if (int const e = c.idx[s][t * k + j]; e >= 0)
+              acc = std::fma(c.w[s][t * k + j], float(bf16(dequant(q[s], H, t, h) * (1.f + float(e) / 8.f))), acc);
+          REQUIRE(same_bits(out[s][t * H + h], bf16(acc)));
+        }
+  }
+}
+
+TEST_CASE("moe dispatch of fp8 rows: the wrong payload fails every rank naming it, and hidden must be a multiple of 128") {
+  int const n = 2, H = 128;
+  moe::routing const g{n, 4, 2};
+  auto c = make_moe_case<bf16>(g, H, 3, routing_kind::uniform, 5);
+  cpu::communicator comm(small(n, 1));
+  std::vector<std::string> what(n);
+  comm.run_ranks([&](int r) {
+    exchange<bf16> ex(comm, r, {g, 3, H, 1, moe::payload::fp8_e4m3});
+    std::vector<std::uint8_t> v(3 * H, 0x38);
+    std::vector<float> s(3, 1.f);
+    try {
+      if (r == 1) ex.dispatch(c.x[r].data(), c.idx[r].data(), c.tokens[r]);  // token rows on an fp8 exchange
+      else ex.dispatch(moe::fp8_tokens{v.data(), s.data()}, c.idx[r].data(), c.tokens[r]);
+    } catch (reccl::error const& e) {
+      what[r] = e.what();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(what[r]);
+    CHECK(contains(what[r], "rank 1"));
+  }
+  CHECK(contains(what[1], "token rows dispatched on an exchange created for fp8"));
+  CHECK_THROWS_AS(exchange<bf16>(comm, 0, {g, 3, 100, 1, moe::payload::fp8_e4m3}), reccl::error);
+}

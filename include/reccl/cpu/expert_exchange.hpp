@@ -7,6 +7,9 @@
 //     chose, experts in order, each expert's rows ordered by (source rank, token, slot) and starting
 //     on a multiple of `align` rows (padding rows are zeros): received(), expert_counts(),
 //     expert_offsets() -- the layout a grouped GEMM takes
+//   dispatch(fp8_tokens{values, scales}, topk_idx)   the same with fp8 rows (an exchange created
+//     with payload::fp8_e4m3): H e4m3 bytes and H / 128 fp32 scales per row, moved bit for bit,
+//     filed the same way: received_fp8() (padding rows: zero values, zero scales)
 //   combine(y, topk_weights) -> out[T, H]  y: the experts' outputs, row p of y for row p of
 //     received(); each used slot's row goes back to its token's rank (one row per (token, slot):
 //     what makes the fp32 sum in top-k order, rounded once, the same on every path), which computes
@@ -24,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "../moe/fp8.hpp"
 #include "../moe/routing.hpp"
 #include "all_to_allv.hpp"
 
@@ -49,13 +53,18 @@ class expert_exchange {
     if (char const* why = cfg.route.invalid()) bad(why);
     if (cfg.route.nranks != comm.nranks()) bad("route.nranks differs from the communicator's rank count");
     if (rank < 0 || rank >= comm.nranks()) bad("rank outside [0, nranks)");
-    if (cfg.hidden < 1) bad("hidden must be >= 1");
-    if (cfg.align < 1) bad("align must be >= 1");
+    if (char const* why = cfg.invalid_rows()) bad(why);
     auto const k = static_cast<std::uint64_t>(cfg.route.top_k);
-    row_words_ = (static_cast<std::uint64_t>(cfg.hidden) * sizeof(Tok) + 3) / 4 + 1 + k;
+    value_words_ = (cfg.row_bytes(sizeof(Tok)) + 3) / 4;
+    row_words_ = value_words_ + static_cast<std::uint64_t>(cfg.scales_per_row()) + 1 + k;
     bound_ = moe::receive_bound_of(cfg.route, cfg.max_tokens, cfg.align);
     in_words_.resize(bound_.rows * row_words_);
-    grouped_.resize(bound_.grouped * static_cast<std::uint64_t>(cfg.hidden));
+    if (cfg.dispatch == moe::payload::fp8_e4m3) {
+      grouped_fp8_.resize(bound_.grouped * static_cast<std::uint64_t>(cfg.hidden));
+      grouped_scales_.resize(bound_.grouped * static_cast<std::uint64_t>(cfg.scales_per_row()));
+    } else {
+      grouped_.resize(bound_.grouped * static_cast<std::uint64_t>(cfg.hidden));
+    }
     counts_.resize(static_cast<std::size_t>(cfg.route.experts_per_rank()));
     offsets_.resize(counts_.size() + 1);
   }
@@ -63,32 +72,64 @@ class expert_exchange {
   moe::receive_bound capacity() const { return bound_; }
   /// Bytes this exchange holds between calls (receive areas and layouts; a call's staging is extra).
   std::uint64_t memory_bytes() const {
-    return in_words_.size() * 4 + grouped_.size() * sizeof(Tok) + (counts_.size() + offsets_.size()) * 4 +
+    return in_words_.size() * 4 + grouped_.size() * sizeof(Tok) + grouped_fp8_.size() + grouped_scales_.size() * 4 +
+           (counts_.size() + offsets_.size()) * 4 +
            (back_positions_.capacity() + slot_rows_.capacity()) * 8;
   }
 
-  /// The latest dispatch's rows filed under this rank's experts: [expert_offsets().back(), hidden].
-  std::span<Tok const> received() const { return {grouped_.data(), grouped_rows_ * static_cast<std::uint64_t>(cfg_.hidden)}; }
+  /// The latest dispatch's rows filed under this rank's experts: [expert_offsets().back(), hidden]
+  /// (an exchange created for token rows).
+  std::span<Tok const> received() const {
+    if (cfg_.dispatch != moe::payload::tokens) throw error(status::invalid_argument, "expert_exchange: received() of an fp8 exchange: received_fp8()", rank_);
+    return {grouped_.data(), grouped_rows_ * static_cast<std::uint64_t>(cfg_.hidden)};
+  }
+  /// The same for an exchange created with payload::fp8_e4m3: values [rows, hidden] and scales
+  /// [rows, hidden / 128], rows = expert_offsets().back().
+  struct fp8_rows {
+    std::span<std::uint8_t const> values;
+    std::span<float const> scales;
+  };
+  fp8_rows received_fp8() const {
+    if (cfg_.dispatch != moe::payload::fp8_e4m3) throw error(status::invalid_argument, "expert_exchange: received_fp8() of a token-row exchange", rank_);
+    return {{grouped_fp8_.data(), grouped_rows_ * static_cast<std::uint64_t>(cfg_.hidden)},
+            {grouped_scales_.data(), grouped_rows_ * static_cast<std::uint64_t>(cfg_.scales_per_row())}};
+  }
   std::span<std::int32_t const> expert_counts() const { return counts_; }  ///< rows per local expert
   std::span<std::int32_t const> expert_offsets() const { return offsets_; }  ///< first row per local expert, then the end
 
   /// Sends each of `n_tokens` rows of `x` to the ranks of its experts (see the file comment).
   /// Every rank calls it; a rank with bad input (an expert index outside [-1, n_experts) or an expert twice in one token, more
-  /// tokens than max_tokens, null pointers) makes every rank throw reccl::error(invalid_argument)
-  /// naming it, before any row moves.
+  /// tokens than max_tokens, null pointers, token rows on an fp8 exchange) makes every rank throw
+  /// reccl::error(invalid_argument) naming it, before any row moves.
   dispatch_result dispatch(Tok const* x, std::int32_t const* topk_idx, std::uint64_t n_tokens) {
+    return dispatch_rows(x, nullptr, moe::payload::tokens, topk_idx, n_tokens);
+  }
+  /// The same with fp8 rows (an exchange created with payload::fp8_e4m3): values and scales are
+  /// moved bit for bit.
+  dispatch_result dispatch(moe::fp8_tokens x, std::int32_t const* topk_idx, std::uint64_t n_tokens) {
+    return dispatch_rows(x.values, x.scales, moe::payload::fp8_e4m3, topk_idx, n_tokens);
+  }
+
+ private:
+  dispatch_result dispatch_rows(void const* x, float const* scales, moe::payload as, std::int32_t const* topk_idx, std::uint64_t n_tokens) {
     dispatched_ = false;  // until this one has filed its rows: combine needs a whole layout
     moe::routing const& g = cfg_.route;
     int const n = g.nranks, k = g.top_k;
     auto const H = static_cast<std::uint64_t>(cfg_.hidden);
+    std::uint64_t const row_bytes = cfg_.row_bytes(sizeof(Tok));
+    auto const SW = static_cast<std::uint64_t>(cfg_.scales_per_row());
+    bool const fp8 = cfg_.dispatch == moe::payload::fp8_e4m3;
     call_reject refuse = call_reject::none;
     std::string why;
-    if (n_tokens > cfg_.max_tokens) {
+    if (as != cfg_.dispatch) {
+      refuse = call_reject::bad_arguments;
+      why = fp8 ? "token rows dispatched on an exchange created for fp8" : "fp8 rows dispatched on an exchange created for token rows";
+    } else if (n_tokens > cfg_.max_tokens) {
       refuse = call_reject::too_many_tokens;
       why = std::to_string(n_tokens) + " tokens, created for " + std::to_string(cfg_.max_tokens);
-    } else if (n_tokens > 0 && (x == nullptr || topk_idx == nullptr)) {
+    } else if (n_tokens > 0 && (x == nullptr || topk_idx == nullptr || (fp8 && scales == nullptr))) {
       refuse = call_reject::bad_arguments;
-      why = "x or topk_idx is null";
+      why = fp8 ? "x.values, x.scales or topk_idx is null" : "x or topk_idx is null";
     }
     std::vector<std::uint64_t> masks(refuse == call_reject::none ? n_tokens : 0);
     for (std::uint64_t t = 0; t < masks.size() && refuse == call_reject::none; ++t) {
@@ -100,7 +141,7 @@ class expert_exchange {
     }
     if (refuse != call_reject::none) masks.clear();
 
-    // Rows out, packed by destination: [H values | token index | k local experts (-1: not here)].
+    // Rows out, packed by destination: [values | scales | token index | k local experts (-1: not here)].
     std::vector<std::int64_t> rows_to(n, 0), out_counts(n), out_offsets(n), in_counts(n), in_offsets(n);
     for (std::uint64_t m : masks)
       for (int d = 0; d < n; ++d) rows_to[d] += (m >> d) & 1u;
@@ -118,7 +159,8 @@ class expert_exchange {
       for (int d = 0; d < n; ++d) {
         if (!((masks[t] >> d) & 1u)) continue;
         std::int32_t* row = out_words.data() + out_offsets[d] + cursor[d]++ * static_cast<std::int64_t>(row_words_);
-        std::memcpy(row, x + t * H, H * sizeof(Tok));
+        std::memcpy(row, static_cast<char const*>(x) + t * row_bytes, row_bytes);
+        if (SW > 0) std::memcpy(row + value_words_, scales + t * SW, SW * 4);
         std::int32_t* meta = row + (row_words_ - 1 - k);
         meta[0] = static_cast<std::int32_t>(t);
         for (int j = 0; j < k; ++j) {
@@ -156,7 +198,12 @@ class expert_exchange {
     }
     offsets_[epr] = static_cast<std::int32_t>(at);
     grouped_rows_ = at;
-    std::fill(grouped_.begin(), grouped_.begin() + at * H, Tok{});
+    if (fp8) {
+      std::fill(grouped_fp8_.begin(), grouped_fp8_.begin() + at * H, std::uint8_t{0});
+      std::fill(grouped_scales_.begin(), grouped_scales_.begin() + at * SW, 0.f);
+    } else {
+      std::fill(grouped_.begin(), grouped_.begin() + at * H, Tok{});
+    }
     std::vector<std::int64_t> fill(offsets_.begin(), offsets_.end() - 1);
     back_positions_.clear();
     back_counts_.assign(n, 0);
@@ -167,7 +214,13 @@ class expert_exchange {
           std::int32_t const l = meta_of(i)[1 + j];
           if (l < 0) continue;
           std::int64_t const p = fill[l]++;
-          std::memcpy(static_cast<void*>(grouped_.data() + p * H), in_words_.data() + i * row_words_, H * sizeof(Tok));
+          std::int32_t const* const row = in_words_.data() + i * row_words_;
+          if (fp8) {
+            std::memcpy(grouped_fp8_.data() + p * H, row, H);
+            std::memcpy(grouped_scales_.data() + p * SW, row + value_words_, SW * 4);
+          } else {
+            std::memcpy(static_cast<void*>(grouped_.data() + p * H), row, H * sizeof(Tok));
+          }
           back_positions_.push_back(p);
           ++back_counts_[s];
         }
@@ -176,6 +229,7 @@ class expert_exchange {
     return {moved.st, rows_in, grouped_rows_};
   }
 
+ public:
   /// Returns the experts' outputs `y` (laid out like received()) to their tokens' ranks and writes
   /// out[t] = the fp32 weighted sum of token t's slots in top-k order, rounded once (file comment).
   /// `topk_weights` is [n_tokens, k] of the latest dispatch on this rank. Every rank calls it.
@@ -221,10 +275,13 @@ class expert_exchange {
   int rank_;
   moe::exchange_config cfg_;
   A alloc_;
+  std::uint64_t value_words_ = 0;                  // words of a row's values (then its scales)
   std::uint64_t row_words_ = 0;
   moe::receive_bound bound_{};
   std::vector<std::int32_t> in_words_;             // rows that arrived, packed by source
   std::vector<Tok> grouped_;                       // received(): rows filed by local expert
+  std::vector<std::uint8_t> grouped_fp8_;          // received_fp8(): the same for an fp8 exchange
+  std::vector<float> grouped_scales_;
   std::vector<std::int32_t> counts_, offsets_;     // per local expert
   std::uint64_t grouped_rows_ = 0;
   bool dispatched_ = false;

@@ -81,12 +81,30 @@ RECCL_HOST_DEVICE constexpr receive_bound receive_bound_of(routing const& g, std
   return {rows, rows * static_cast<std::uint64_t>(g.max_slots_per_rank()) + pad};
 }
 
+/// What a dispatch sends: rows of the exchange's token type (what combine returns), or fp8 e4m3
+/// values with one fp32 scale per 128 (moe/fp8.hpp; hidden a multiple of 128).
+enum class payload : int { tokens = 0, fp8_e4m3 = 1 };
+
 /// What an expert exchange (CPU engine or GPU) is created for; every rank passes the same values.
 struct exchange_config {
   routing route;
   std::uint64_t max_tokens = 0;  ///< tokens one rank passes to one dispatch, at most
   int hidden = 0;                ///< values per token row
   int align = 1;                 ///< each expert's first row is a multiple of this (1: packed)
+  payload dispatch = payload::tokens;  ///< what dispatch sends (combine always returns token rows)
+
+  /// Bytes of one dispatched row's values, and fp32 scales per row, for tokens of `tok_bytes`.
+  constexpr std::uint64_t row_bytes(std::uint64_t tok_bytes) const {
+    return static_cast<std::uint64_t>(hidden) * (dispatch == payload::fp8_e4m3 ? 1u : tok_bytes);
+  }
+  constexpr int scales_per_row() const { return dispatch == payload::fp8_e4m3 ? hidden / 128 : 0; }
+  /// Null when hidden, align and the payload fit together, else why not.
+  constexpr char const* invalid_rows() const {
+    if (hidden < 1 || align < 1) return "hidden and align must be >= 1";
+    if (dispatch != payload::tokens && dispatch != payload::fp8_e4m3) return "unknown payload";
+    if (dispatch == payload::fp8_e4m3 && hidden % 128 != 0) return "an fp8 dispatch needs hidden a multiple of 128 (one scale per 128 values)";
+    return nullptr;
+  }
 };
 
 /// `n` rounded up to a multiple of `align` (align >= 1).
