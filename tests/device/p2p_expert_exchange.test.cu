@@ -2,8 +2,8 @@
 // GPU 0), compared bit for bit with the CPU engine's expert exchange on the same routing: the
 // grouped rows, the per-expert counts and offsets, and the combined outputs. Uniform, skewed,
 // sparse and one-rank routing, bf16 and float, 2 and 3 ranks, packed and aligned layouts, each
-// exchange used twice; graph capture and replay with new routing; an expert index out of range on
-// one rank fails every rank, naming it.
+// exchange used twice; fp8 dispatch (values and scales bit for bit); graph capture and replay with
+// new routing; an expert index out of range on one rank fails every rank, naming it.
 #define CUDA_NO_HALF
 #include "../doctest_main.hpp"
 
@@ -156,6 +156,75 @@ TEST_CASE("p2p expert exchange: bf16 and float, 2 and 3 loopback ranks, the CPU 
   check_cases<reccl::bfloat16, __nv_bfloat16>(3, 12, 8, 136, 40, 16, 2);  // aligned for a grouped GEMM; k > experts per rank
   check_cases<float, float>(3, 6, 2, 33, 17, 4, 1);                       // odd hidden
   check_cases<reccl::bfloat16, __nv_bfloat16>(2, 256, 8, 7168, 64, 16, 8);  // DeepSeek-V3 hidden, experts and top-k, 64 tokens per rank
+}
+
+TEST_CASE("p2p expert exchange: fp8 dispatch, values and scales bit for bit in the CPU engine's layout, and the combine after it") {
+  REQUIRE_GPU();
+  struct shape {
+    int n, experts, k, hidden;
+    std::uint64_t T;
+    int align, ctas;
+  };
+  for (shape sh : {shape{2, 8, 4, 256, 40, 1, 4}, shape{3, 12, 8, 128, 24, 16, 2}, shape{2, 256, 8, 7168, 32, 16, 8}}) {
+    CAPTURE(sh.n);
+    CAPTURE(sh.hidden);
+    reccl::moe::routing const g{sh.n, sh.experts, sh.k};
+    int const S = sh.hidden / reccl::moe::fp8_block;
+    reccl::moe::exchange_config const cfg{g, sh.T, sh.hidden, sh.align, reccl::moe::payload::fp8_e4m3};
+    rig<reccl::bfloat16, __nv_bfloat16> rg(cfg, sh.ctas);
+    reccl::load_kernel(reinterpret_cast<void const*>(&fp8_experts_kernel<__nv_bfloat16>));
+    std::vector<std::uint8_t*> v(sh.n);
+    std::vector<float*> sc(sh.n);
+    for (int r = 0; r < sh.n; ++r) v[r] = rg.alloc<std::uint8_t>(sh.T * sh.hidden + 1), sc[r] = rg.alloc<float>(sh.T * S + 1);
+    for (routing_kind kind : {routing_kind::uniform, routing_kind::skewed, routing_kind::sparse}) {
+      auto const c = make_moe_case<reccl::bfloat16>(g, sh.hidden, sh.T, kind, 91u * sh.n + unsigned(kind));
+      auto const q = quantise(c);
+      auto const ans = cpu_fp8_reference(c, q, sh.T, sh.align);
+      rg.upload(c);
+      for (int r = 0; r < sh.n; ++r) {
+        TEST_CK(cudaMemcpy(v[r], q.values[r].data(), q.values[r].size(), cudaMemcpyHostToDevice));
+        TEST_CK(cudaMemcpy(sc[r], q.scales[r].data(), q.scales[r].size() * 4, cudaMemcpyHostToDevice));
+      }
+      for (int r = 0; r < sh.n; ++r) {
+        rg.ex[r]->dispatch(reccl::moe::fp8_tokens{v[r], sc[r]}, rg.idx[r], c.tokens[r], rg.streams[r]);
+        auto const rec = rg.ex[r]->received_fp8();
+        fp8_experts_kernel<__nv_bfloat16><<<64, 256, 0, rg.streams[r]>>>(rec.values, rec.scales, rg.y[r], rg.ex[r]->expert_offsets(),
+                                                                         rg.ex[r]->expert_counts(), rg.epr, r, sh.hidden);
+        rg.ex[r]->combine(rg.y[r], rg.w[r], rg.out[r], rg.streams[r]);
+      }
+      TEST_CK(cudaDeviceSynchronize());
+      for (std::string const& f : rg.faults()) REQUIRE_MESSAGE(f.empty(), f);
+      for (int r = 0; r < sh.n; ++r) {
+        INFO("kind " << int(kind) << ", rank " << r);
+        std::vector<std::int32_t> counts(rg.epr), offsets(rg.epr + 1);
+        TEST_CK(cudaMemcpy(counts.data(), rg.ex[r]->expert_counts(), rg.epr * 4, cudaMemcpyDeviceToHost));
+        TEST_CK(cudaMemcpy(offsets.data(), rg.ex[r]->expert_offsets(), (rg.epr + 1) * 4, cudaMemcpyDeviceToHost));
+        REQUIRE(counts == ans.counts[r]);
+        REQUIRE(offsets == ans.offsets[r]);
+        auto const rec = rg.ex[r]->received_fp8();
+        std::vector<std::uint8_t> got_v(ans.values[r].size());
+        std::vector<float> got_s(ans.scales[r].size());
+        TEST_CK(cudaMemcpy(got_v.data(), rec.values, got_v.size(), cudaMemcpyDeviceToHost));
+        TEST_CK(cudaMemcpy(got_s.data(), rec.scales, got_s.size() * 4, cudaMemcpyDeviceToHost));
+        REQUIRE(got_v == ans.values[r]);
+        REQUIRE(std::memcmp(got_s.data(), ans.scales[r].data(), got_s.size() * 4) == 0);
+        std::vector<reccl::bfloat16> o(c.tokens[r] * sh.hidden);
+        TEST_CK(cudaMemcpy(o.data(), rg.out[r], o.size() * 2, cudaMemcpyDeviceToHost));
+        REQUIRE(std::memcmp(o.data(), ans.out[r].data(), o.size() * 2) == 0);
+      }
+    }
+    // token rows on an fp8 exchange: refused on the host, every rank faults naming the rank
+    std::string what;
+    try {
+      rg.ex[1]->dispatch(rg.x[1], rg.idx[1], 1, rg.streams[1]);
+    } catch (reccl::error const& e) {
+      what = e.what();
+    }
+    CHECK(what.find("token rows dispatched on an exchange created for fp8") != std::string::npos);
+    TEST_CK(cudaDeviceSynchronize());
+    for (std::string const& f : rg.faults()) CHECK(f.find("rank 1: bad argument") != std::string::npos);
+    for (int r = 0; r < sh.n; ++r) (void)cudaFree(v[r]), (void)cudaFree(sc[r]);
+  }
 }
 
 TEST_CASE("p2p expert exchange: captured in a CUDA graph, replayed with new routing") {

@@ -10,6 +10,15 @@
 // received() is [expert_offsets()[E_local], H] in this rank's window: local expert l's rows start at
 // expert_offsets()[l] (a multiple of `align`), expert_counts()[l] of them, padding rows zeros; both
 // arrays are device memory written by dispatch. y is any device memory laid out like received().
+//
+// fp8 dispatch (config payload::fp8_e4m3, hidden a multiple of 128; moe/fp8.hpp): dispatch takes
+// e4m3 values [n_tokens, H] and fp32 scales [n_tokens, H / 128] and moves both bit for bit;
+// received_fp8() gives the grouped values and scales, laid out as above (padding: zero values and
+// scales). Combine is unchanged: y and out are token rows.
+//
+//   reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {{n, 256, 8}, max_tokens, 7168, 128, reccl::moe::payload::fp8_e4m3});
+//   ex.dispatch({x_e4m3, x_scales}, topk_idx, n_tokens, stream);
+//   auto [v, sc] = ex.received_fp8();                      // the experts dequantise v * sc
 // Creation reserves the window space (capacity(), memory_bytes()) and is collective: every rank
 // creates its exchanges in the same order with the same config.
 //
@@ -33,6 +42,7 @@
 #include <string>
 
 #include "../device/agent/expert_exchange.hpp"
+#include "../moe/fp8.hpp"
 #include "../moe/routing.hpp"
 #include "error.hpp"
 #include "launch.hpp"
@@ -51,7 +61,7 @@ class p2p_expert_exchange {
     if (char const* why = cfg.route.invalid()) bad(why);
     if (cfg.route.nranks != comm.size()) bad("route.nranks differs from the communicator's rank count");
     if (cfg.route.n_experts > device::moe_max_experts) bad("at most 1024 experts");
-    if (cfg.hidden < 1 || cfg.align < 1) bad("hidden and align must be >= 1");
+    if (char const* why = cfg.invalid_rows()) bad(why);
     if (ctas < 1 || ctas > 64) bad("ctas must be in [1, 64]");
     bound_ = moe::receive_bound_of(cfg.route, cfg.max_tokens, cfg.align);
     if (bound_.grouped >= (1ull << 31)) bad("more than 2^31 grouped rows: lower max_tokens");
@@ -63,6 +73,8 @@ class p2p_expert_exchange {
     L.align = cfg.align;
     L.hidden = cfg.hidden;
     L.max_tokens = T;
+    L.row_bytes = cfg.row_bytes(sizeof(Tok));
+    L.scale_words = cfg.scales_per_row();
     L.digest = shape_digest(cfg, ctas);
     // the same reservations on every rank whatever its config, so that a rank created with other
     // values fails at its first dispatch (the digest) instead of using other ranks' flags
@@ -70,10 +82,12 @@ class p2p_expert_exchange {
     L.done = comm.reserve_flags(device::moe_max_ctas);
     L.back = comm.reserve_flags(device::moe_max_ctas);
     L.table_off = comm.reserve_bytes(8ull * static_cast<std::uint64_t>(L.table_words()), 128);
-    L.grouped_off = comm.reserve_bytes(bound_.grouped * H * sizeof(Tok), 256);
+    std::uint64_t const scale_bytes = bound_.grouped * 4ull * static_cast<std::uint64_t>(L.scale_words);
+    L.grouped_off = comm.reserve_bytes(bound_.grouped * L.row_bytes, 256);
+    L.scales_off = comm.reserve_bytes(scale_bytes, 256);
     L.records_off = comm.reserve_bytes(bound_.rows * 4ull * static_cast<std::uint64_t>(L.record_words()), 256);
     L.landing_off = comm.reserve_bytes(T * static_cast<std::uint64_t>(k) * H * sizeof(Tok), 256);
-    window_bytes_ = 8ull * L.table_words() + bound_.grouped * H * sizeof(Tok) + bound_.rows * 4ull * L.record_words() +
+    window_bytes_ = 8ull * L.table_words() + bound_.grouped * L.row_bytes + scale_bytes + bound_.rows * 4ull * L.record_words() +
                     T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
     std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
     scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
@@ -117,20 +131,50 @@ class p2p_expert_exchange {
   /// Bytes this exchange holds: its window reservations plus its device scratch.
   std::uint64_t memory_bytes() const { return window_bytes_ + scratch_bytes_; }
 
-  Tok const* received() const { return comm_->handle().template at<Tok>(comm_->rank(), lane_.grouped_off); }
+  /// The grouped rows of an exchange created for token rows (see the file comment).
+  Tok const* received() const {
+    if (cfg_.dispatch != moe::payload::tokens)
+      throw error(status::invalid_argument, "p2p_expert_exchange: received() of an fp8 exchange: received_fp8()", comm_->rank());
+    return comm_->handle().template at<Tok>(comm_->rank(), lane_.grouped_off);
+  }
+  /// The grouped values and scales of an exchange created with payload::fp8_e4m3.
+  moe::fp8_tokens received_fp8() const {
+    if (cfg_.dispatch != moe::payload::fp8_e4m3)
+      throw error(status::invalid_argument, "p2p_expert_exchange: received_fp8() of a token-row exchange", comm_->rank());
+    return {comm_->handle().template at<std::uint8_t>(comm_->rank(), lane_.grouped_off),
+            comm_->handle().template at<float>(comm_->rank(), lane_.scales_off)};
+  }
   std::int32_t const* expert_counts() const { return scratch_.expert_counts; }   ///< device, experts_per_rank
   std::int32_t const* expert_offsets() const { return scratch_.expert_offsets; } ///< device, experts_per_rank + 1
 
   /// Sends each of `n_tokens` rows of `x` (device) to the ranks of its experts (`topk_idx`,
   /// device, [n_tokens, k]); see the file comment. Every rank calls it, on its own stream.
   void dispatch(Tok const* x, std::int32_t const* topk_idx, std::uint64_t n_tokens, cudaStream_t stream) {
+    dispatch_rows(x, nullptr, moe::payload::tokens, topk_idx, n_tokens, stream);
+  }
+  /// The same with fp8 rows (an exchange created with payload::fp8_e4m3): e4m3 values [n_tokens,
+  /// H] and fp32 scales [n_tokens, H / 128], device memory, moved bit for bit.
+  void dispatch(moe::fp8_tokens x, std::int32_t const* topk_idx, std::uint64_t n_tokens, cudaStream_t stream) {
+    dispatch_rows(x.values, x.scales, moe::payload::fp8_e4m3, topk_idx, n_tokens, stream);
+  }
+
+ private:
+  void dispatch_rows(void const* x, float const* scales, moe::payload as, std::int32_t const* topk_idx, std::uint64_t n_tokens,
+                     cudaStream_t stream) {
+    bool const fp8 = cfg_.dispatch == moe::payload::fp8_e4m3;
+    if (as != cfg_.dispatch)
+      reject(device::fault_cause::bad_argument,
+             fp8 ? "token rows dispatched on an exchange created for fp8" : "fp8 rows dispatched on an exchange created for token rows", stream);
     if (n_tokens > cfg_.max_tokens)
       reject(device::fault_cause::bad_argument, std::to_string(n_tokens) + " tokens, created for " + std::to_string(cfg_.max_tokens), stream);
-    if (n_tokens > 0 && (x == nullptr || topk_idx == nullptr)) reject(device::fault_cause::null_buffer, "x or topk_idx is null", stream);
-    if (reinterpret_cast<std::uintptr_t>(x) % alignof(Tok) != 0 || reinterpret_cast<std::uintptr_t>(topk_idx) % 4 != 0)
-      reject(device::fault_cause::misaligned_buffer, "x or topk_idx is misaligned", stream);
+    if (n_tokens > 0 && (x == nullptr || topk_idx == nullptr || (fp8 && scales == nullptr)))
+      reject(device::fault_cause::null_buffer, fp8 ? "x.values, x.scales or topk_idx is null" : "x or topk_idx is null", stream);
+    if (reinterpret_cast<std::uintptr_t>(x) % (fp8 ? 1 : alignof(Tok)) != 0 || reinterpret_cast<std::uintptr_t>(scales) % 4 != 0 ||
+        reinterpret_cast<std::uintptr_t>(topk_idx) % 4 != 0)
+      reject(device::fault_cause::misaligned_buffer, fp8 ? "x.scales or topk_idx is misaligned" : "x or topk_idx is misaligned", stream);
     device::moe_args<Tok> a = args();
     a.x = x;
+    a.x_scales = scales;
     a.topk_idx = topk_idx;
     a.n_tokens = n_tokens;
     tokens_ = n_tokens;
@@ -142,6 +186,7 @@ class p2p_expert_exchange {
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
 
+ public:
   /// Returns the experts' outputs `y` (device, laid out like received()) to their tokens' ranks
   /// and writes out[t] (device, [n_tokens, H] of the latest dispatch): the fp32 sum of w * y over
   /// token t's slots in top-k order, rounded once. Every rank calls it, once per dispatch. y may be
@@ -178,7 +223,8 @@ class p2p_expert_exchange {
   static std::int64_t shape_digest(moe::exchange_config const& c, int ctas) {
     std::uint64_t h = 1469598103934665603ull;
     for (std::uint64_t x : {std::uint64_t(c.route.nranks), std::uint64_t(c.route.n_experts), std::uint64_t(c.route.top_k), c.max_tokens,
-                            std::uint64_t(c.hidden), std::uint64_t(c.align), std::uint64_t(ctas), std::uint64_t(sizeof(Tok))})
+                            std::uint64_t(c.hidden), std::uint64_t(c.align), std::uint64_t(ctas), std::uint64_t(sizeof(Tok)),
+                            std::uint64_t(c.dispatch)})
       h = (h ^ x) * 1099511628211ull;
     return static_cast<std::int64_t>(h | 1u);  // never 0
   }

@@ -18,6 +18,9 @@
 //                         with a record {grouped position, return index} per slot; signal done
 //   3. file     (G CTAs)  wait for every rank's done; copy each row to its other slots' positions
 //                         (local), zero the padding rows
+//   A dispatched row is lane.row_bytes of values (token rows, or fp8 e4m3 bytes) and, for fp8,
+//   lane.scale_words fp32 scales that travel beside it into a second grouped area (scales_off):
+//   the kernels move bytes and never read them, so fp8 rows arrive bit for bit.
 //   combine:
 //   4. return   (G CTAs)  for each record, put y's row at each slot's position into the token's
 //                         rank, at the slot's return index there; signal done
@@ -55,6 +58,9 @@ struct moe_lane {
   flag_id done{};   ///< done.index + cta: dispatch's puts of CTA cta finished (moe_max_ctas reserved)
   flag_id back{};   ///< back.index + cta: combine's puts of CTA cta finished (moe_max_ctas reserved)
   std::uint64_t table_off = 0, grouped_off = 0, records_off = 0, landing_off = 0;
+  std::uint64_t scales_off = 0;   ///< fp8: grouped rows' scales [grouped][scale_words]
+  std::uint64_t row_bytes = 0;    ///< bytes of one dispatched row's values
+  std::int32_t scale_words = 0;   ///< fp32 scales per dispatched row (0: token rows)
   std::int64_t digest = 0;  ///< of the shape every rank must agree on (host: moe_shape_digest)
   std::int32_t ctas = 1;
   std::int32_t align = 1;
@@ -86,7 +92,8 @@ struct moe_args {
   memory_handle h;
   moe_lane lane;
   moe_scratch s;
-  Tok const* x = nullptr;             ///< dispatch: [n_tokens, hidden]
+  void const* x = nullptr;            ///< dispatch: [n_tokens, row_bytes]
+  float const* x_scales = nullptr;    ///< dispatch, fp8: [n_tokens, scale_words]
   std::int32_t const* topk_idx = nullptr;
   Tok const* y = nullptr;             ///< combine: experts' outputs, laid out like the grouped rows
   float const* topk_weights = nullptr;
@@ -161,6 +168,30 @@ RECCL_DEVICE void copy_row(void* dst, void const* src, std::uint64_t bytes, int 
   for (; i < packs; i += 32) d[i] = s[i];
 }
 
+/// One warp zeroes `bytes` at `dst` (16-byte packs where dst and bytes allow).
+RECCL_DEVICE void zero_row(void* dst, std::uint64_t bytes, int lane) {
+  if (((reinterpret_cast<std::uintptr_t>(dst) | bytes) & 15u) == 0) {
+    for (std::uint64_t c = lane; c < bytes / 16; c += 32) static_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+  } else {
+    for (std::uint64_t c = lane; c < bytes; c += 32) static_cast<unsigned char*>(dst)[c] = 0;
+  }
+}
+
+#ifdef RECCL_MOE_TRACE
+/// Benchmark builds only: globaltimer stamps of CTA 0's thread 0 at 16 points of the five steps,
+/// per rank (reccl_moe_perf --trace reads them). Points: layout 0-4, send 5-7, file 8-10, return
+/// 11-12, sum 13-15.
+__device__ unsigned long long moe_trace[max_memory_ranks][16];
+#define RECCL_MOE_MARK(h, point) \
+  do { \
+    if (blockIdx.x == 0 && threadIdx.x == 0) ::reccl::device::moe_detail::moe_trace[(h).rank()][point] = globaltimer(); \
+  } while (0)
+#else
+#define RECCL_MOE_MARK(h, point) \
+  do { \
+  } while (0)
+#endif
+
 /// Reads the fault word once per CTA: true in every thread when the rank has failed.
 RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
   __shared__ int f;
@@ -186,6 +217,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   int const W = a.lane.counts_words();
   int const tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warps = moe_layout_threads / 32;
   std::uint64_t const T = a.n_tokens;
+  RECCL_MOE_MARK(h, 0);
   std::uint64_t* const seq = h.sequence(a.lane.table);
   std::uint64_t const epoch = *seq + 1;
   std::uint64_t const chunk = (T + warps - 1) / warps;
@@ -215,6 +247,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     }
   }
   int const refused = __syncthreads_or(bad ? 1 : 0);
+  RECCL_MOE_MARK(h, 1);
   // per-warp counts -> per-warp bases; the totals are this rank's row of the table
   std::int64_t* const head = table_head(h, a.lane, me, epoch);
   std::int64_t* const row = table_counts(h, a.lane, me, epoch);
@@ -256,11 +289,13 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   deadline_clock clock(h.timeout_ns);
   bool ok = true;
   __syncthreads();  // the row precedes the signals
+  RECCL_MOE_MARK(h, 2);
   if (tid < n && tid != me) {
     h.signal(tid, a.lane.table, epoch);
     ok = h.wait(a.lane.table, tid, epoch, clock);
   }
   if (__syncthreads_and(ok ? 1 : 0) == 0) return;
+  RECCL_MOE_MARK(h, 3);
   if (tid == 0) {
     auto word = [&](int s, int w) {
       return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, s, epoch) + w)));
@@ -274,6 +309,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     if (!f.ok()) h.record_fault(f);
     *seq = epoch;
   }
+  RECCL_MOE_MARK(h, 4);
 }
 
 /// Step 2 (lane.ctas CTAs of moe_threads).
@@ -285,7 +321,8 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
   int const n = g.nranks, k = g.top_k, E = g.n_experts, epr = g.experts_per_rank(), me = h.rank();
   int const R = a.lane.record_words();
   int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
-  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
+  RECCL_MOE_MARK(h, 5);
   std::uint64_t const call = *h.sequence(a.lane.table);  // the layout step of this call advanced it
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
@@ -342,6 +379,7 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
     a.s.rows_from[n] = at;
   }
   __syncthreads();
+  RECCL_MOE_MARK(h, 6);
   // one warp per token: one crossing per rank it visits, a record per slot
   int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
   int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
@@ -361,12 +399,15 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
         r[lane] = pos;
         r[k + lane] = here ? static_cast<std::int32_t>(a.s.slot_rows[t * k + lane]) : -1;
       }
-      copy_row(h.at<Tok>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * H, a.x + t * H, H * sizeof(Tok), lane);
+      copy_row(h.at<char>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * RB, static_cast<char const*>(a.x) + t * RB, RB, lane);
+      if (SW > 0)
+        copy_row(h.at<float>(d, a.lane.scales_off) + static_cast<std::uint64_t>(p0) * SW, a.x_scales + t * SW, SW * 4, lane);
     }
   }
   __syncthreads();  // every thread's puts precede the signals
   if (tid < n) h.signal(tid, flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)}, epoch);
   if (tid == 0) *seq = epoch;
+  RECCL_MOE_MARK(h, 7);
 }
 
 /// Waits, in every thread of the CTA, until CTA c of every rank signalled flag base + c at least
@@ -386,12 +427,15 @@ __global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> con
   memory_handle const& h = a.h;
   int const k = a.lane.route.top_k, epr = a.lane.route.experts_per_rank(), R = a.lane.record_words();
   int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
-  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
+  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
   // step 2 of this call advanced CTA cta's sequence word to this call's epoch
   std::uint64_t const epoch = *h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
   if (cta_faulted(h)) return;
+  RECCL_MOE_MARK(h, 8);
   if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch)) return;
-  Tok* const grouped = h.at<Tok>(h.rank(), a.lane.grouped_off);
+  RECCL_MOE_MARK(h, 9);
+  char* const grouped = h.at<char>(h.rank(), a.lane.grouped_off);
+  float* const scales = h.at<float>(h.rank(), a.lane.scales_off);
   int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
   int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
   std::int64_t const rows_in = a.s.rows_from[a.lane.route.nranks];
@@ -404,7 +448,8 @@ __global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> con
     while (on) {
       std::int32_t const p = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
       on &= on - 1;
-      copy_row(grouped + static_cast<std::uint64_t>(p) * H, grouped + static_cast<std::uint64_t>(p0) * H, H * sizeof(Tok), lane);
+      copy_row(grouped + static_cast<std::uint64_t>(p) * RB, grouped + static_cast<std::uint64_t>(p0) * RB, RB, lane);
+      if (SW > 0) copy_row(scales + static_cast<std::uint64_t>(p) * SW, scales + static_cast<std::uint64_t>(p0) * SW, SW * 4, lane);
     }
   }
   // padding rows: zeros. Expert l has fewer than align of them: candidate j = l * (align - 1) + r
@@ -414,14 +459,11 @@ __global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> con
     int const l = static_cast<int>(j / pad_max);
     std::int64_t const p = a.s.expert_offsets[l] + a.s.expert_counts[l] + j % pad_max;
     if (p < a.s.expert_offsets[l + 1]) {
-      Tok* const row = grouped + static_cast<std::uint64_t>(p) * H;
-      if ((H * sizeof(Tok)) % 16 == 0) {  // rows start 16-byte aligned (the area is 256-aligned)
-        for (std::uint64_t c = lane; c < H * sizeof(Tok) / 16; c += 32) reinterpret_cast<uint4*>(row)[c] = make_uint4(0, 0, 0, 0);
-      } else {
-        for (std::uint64_t c = lane; c < H; c += 32) row[c] = from_float<Tok>(0.f);
-      }
+      zero_row(grouped + static_cast<std::uint64_t>(p) * RB, RB, lane);
+      if (SW > 0) zero_row(scales + static_cast<std::uint64_t>(p) * SW, SW * 4, lane);
     }
   }
+  RECCL_MOE_MARK(h, 10);
 }
 
 /// Step 4 (lane.ctas CTAs of moe_threads).
@@ -434,6 +476,7 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
   std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
+  RECCL_MOE_MARK(h, 11);
   if (cta_faulted(h)) return;
   if (a.y == nullptr && a.s.rows_from[n] > 0) {  // rows came in, so y was needed: no rank's sum runs
     if (cta == 0 && tid == 0) h.raise_everywhere(fault{status::invalid_argument, h.rank(), -1, -1, fault_cause::null_buffer});
@@ -459,6 +502,7 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
   __syncthreads();
   if (tid < n) h.signal(tid, flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)}, epoch);
   if (tid == 0) *seq = epoch;
+  RECCL_MOE_MARK(h, 12);
 }
 
 /// Step 5 (lane.ctas CTAs of moe_threads).
@@ -470,7 +514,9 @@ __global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> cons
   std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
   std::uint64_t const epoch = *h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
   if (cta_faulted(h)) return;
+  RECCL_MOE_MARK(h, 13);
   if (!moe_wait_all(h, a.lane.back, a.lane.ctas, epoch)) return;
+  RECCL_MOE_MARK(h, 14);
   Tok const* const landing = h.at<Tok>(h.rank(), a.lane.landing_off);
   std::uint64_t const total = a.n_tokens * H;
   constexpr int V = 16 / sizeof(Tok);  // values per 16-byte pack
@@ -498,6 +544,7 @@ __global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> cons
       memcpy(&pk, outv, 16);
       *reinterpret_cast<uint4*>(a.out + i) = pk;
     }
+    RECCL_MOE_MARK(h, 15);
     return;
   }
   for (std::uint64_t i = cta * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -509,6 +556,7 @@ __global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> cons
         acc = __fmaf_rn(a.topk_weights[t * k + j], to_float<Tok>(landing[static_cast<std::uint64_t>(r) * H + c]), acc);
     a.out[i] = from_float<Tok>(acc);
   }
+  RECCL_MOE_MARK(h, 15);
 }
 
 }  // namespace reccl::device
