@@ -41,6 +41,26 @@ else
   summary+=("CUDA compile and its tests (ci-cuda-compile): $(verdict "$logs/ci-cuda-compile.log")")
 fi
 
+# The Python package (reccl.torch): its sources byte-compile everywhere; its tests need PyTorch and
+# a GPU (they install the package into build/pylib first), so CI reports them as not run.
+py_sources=(python/reccl/*.py python/tests/*.py examples/python/*.py bench/perf/torch_ops.py setup.py)
+if python3 -m py_compile "${py_sources[@]}"; then
+  summary+=("Python sources: ${#py_sources[@]} files byte-compile")
+else
+  summary+=("Python sources: byte-compile FAILED"); py_failed=1
+fi
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps --target build/pylib . >"$logs/python-install.log" 2>&1
+  if PYTHONPATH="$PWD/build/pylib" python3 python/tests/test_torch.py 2>&1 | tee "$logs/python-tests.log"; then
+    summary+=("Python tests (python/tests/test_torch.py): $(grep -c '^PASS' "$logs/python-tests.log") passed")
+  else
+    summary+=("Python tests (python/tests/test_torch.py): FAILED ($logs/python-tests.log)"); py_failed=1
+  fi
+else
+  summary+=("Python tests (python/tests/test_torch.py, examples/python/tp_mlp.py): not run (they need PyTorch and a GPU; bench/gpu.sh torch runs them)")
+fi
+
 echo
 echo "== scripts/test.sh summary =="
 printf '%s\n' "${summary[@]}"
+[ -z "${py_failed:-}" ]

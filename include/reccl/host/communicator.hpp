@@ -263,6 +263,15 @@ class nvlink_communicator {
     throw error(status::invalid_argument, "free: pointer was not returned by allocate()");
   }
 
+  /// Device memory this communicator holds on its GPU: the scratch window (sized by nvlink_config,
+  /// see its comment) plus every buffer from allocate() not yet freed. Peers' windows mapped into
+  /// this process are not counted (they are the peers' memory).
+  std::uint64_t memory_bytes() const {
+    std::uint64_t total = s_->L.total_bytes();
+    for (auto const& b : s_->buffers) total += b.bytes;
+    return total;
+  }
+
   /// True when [p, p+bytes) lies inside one buffer from allocate().
   bool is_registered(void const* p, std::size_t bytes) const { return detail::find_registered(s_->buffers, p, bytes) != nullptr; }
 
