@@ -291,6 +291,7 @@ TEST_CASE("P2P: a rank configured differently fails creation on every rank, and 
       } catch (reccl::error const& e) {
         threw = true;
         EXPECT(e.code() == reccl::status::timeout, "rank 0: expected a timeout, got: %s", e.what());
+        EXPECT(e.rank() > 0, "rank 0: the timeout names no missing peer: %s", e.what());
       }
       EXPECT(threw, "rank 0: a peer that never called did not time out");
       EXPECT(took < 30.0, "rank 0: the timeout took %.1f s (deadline 2 s)", took);

@@ -85,7 +85,7 @@ RECCL_DEVICE bool cta_barrier(lsa_view const& v, int cta, std::uint32_t epoch, s
   if (t < v.nranks && t != v.rank) {
     store_release_sys(v.bar(t, cta, v.rank), barrier_word(epoch, desc));
     std::uint64_t const* in = v.bar(v.rank, cta, t);
-    lane_guard g{&deadline, st, nullptr};
+    lane_guard g{&deadline, st, nullptr, t};
     bool mismatch = false;
     bool const arrived = spin_until(
         [&] {

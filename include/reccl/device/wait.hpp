@@ -21,6 +21,14 @@ RECCL_DEVICE void raise_status(std::uint32_t* word, status s) { atomicCAS(word, 
 
 RECCL_DEVICE std::uint32_t read_status(std::uint32_t const* word) { return *static_cast<volatile std::uint32_t const*>(word); }
 
+/// Record status::timeout and, two words after the status word (lsa_view::timed_out_on), 1 + the
+/// peer the expired wait was waiting for when it is known (peer >= 0). Each word keeps its first
+/// value; the host reads the peer only when the status is a timeout.
+RECCL_DEVICE void raise_timeout(std::uint32_t* word, int peer) {
+  raise_status(word, status::timeout);
+  if (peer >= 0) atomicCAS(word + 2, 0u, static_cast<std::uint32_t>(peer) + 1u);
+}
+
 /// How often (in polls) a spinning thread looks at the clock and the status word.
 inline constexpr std::uint32_t deadline_check_period = 256;
 
@@ -54,17 +62,24 @@ struct lane_guard {
   deadline_clock* clock = nullptr;
   std::uint32_t* status_word = nullptr;
   int const* cta_abort = nullptr;  ///< optional: a shared-memory flag set by a failed warp of the CTA
+  int peer = -1;                   ///< the rank the current wait waits for, when known (named on timeout)
   static constexpr std::uint32_t period = deadline_check_period;
   RECCL_DEVICE void begin() {}  ///< the lane's deadline spans every wait of the call
   RECCL_DEVICE bool give_up() const {
     if (cta_abort != nullptr && *static_cast<volatile int const*>(cta_abort)) return true;
     if (read_status(status_word) != 0) return true;
     if (clock->expired()) {
-      raise_status(status_word, status::timeout);
+      raise_timeout(status_word, peer);
       return true;
     }
     return false;
   }
 };
+
+/// Tell a guard which peer the next wait waits for (guards without a peer ignore it).
+template <class Guard>
+RECCL_DEVICE void waiting_for(Guard& g, int peer) {
+  if constexpr (requires { g.peer = peer; }) g.peer = peer;
+}
 
 }  // namespace reccl::device

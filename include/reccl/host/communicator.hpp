@@ -333,19 +333,23 @@ class nvlink_communicator {
   /// Throw reccl::error if any lane holds an error.
   void check() const {
     for (int l = 0; l < s_->cfg.lanes; ++l) {
-      std::uint32_t w[2] = {};  // the status word and, next to it, who rejected a call (raise_rejection)
+      // the status word, who rejected a call (raise_rejection), the peer a timed-out wait waited for
+      std::uint32_t w[3] = {};
       set_device();
       RECCL_CUDA_CHECK(cudaMemcpy(w, view(l).status(), sizeof(w), cudaMemcpyDeviceToHost));
       status const s = static_cast<status>(w[0]);
       if (s == status::ok || s == status::recovered) continue;
-      std::string why = s == status::timeout    ? ": a peer did not arrive within the timeout"
+      int const missing = s == status::timeout && w[2] != 0 ? static_cast<int>(w[2]) - 1 : -1;
+      std::string why = s == status::timeout    ? (missing >= 0 ? ": rank " + std::to_string(missing) + " did not arrive within the timeout"
+                                                                : ": a peer did not arrive within the timeout")
                         : s == status::mismatch ? ": ranks disagree on count, dtype, op, root or algorithm"
                                                 : ": device error";
       if (s == status::invalid_argument)
         why = w[1] != 0 ? ": rank " + std::to_string(w[1] - 1) + " rejected its call on the host (its exception says why)"
                         : ": a rank rejected its call on the host";
+      int const concerned = missing >= 0 ? missing : s == status::invalid_argument && w[1] != 0 ? static_cast<int>(w[1]) - 1 : -1;
       throw error(s, "lane " + std::to_string(l) + " of rank " + std::to_string(s_->rank) + why +
-                         "; the lane stays failed: rebuild the communicator");
+                         "; the lane stays failed: rebuild the communicator", concerned);
     }
   }
 

@@ -47,8 +47,8 @@ RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, Guard& guard) {
 }
 /// lamport_poll under the lane's deadline: false on timeout (raised), abort or a lane error.
 RECCL_DEVICE bool lamport_poll(char const* p, pack16& x, deadline_clock& deadline, int const* abort_flag,
-                               std::uint32_t* st) {
-  lane_guard g{&deadline, st, abort_flag};
+                               std::uint32_t* st, int peer = -1) {
+  lane_guard g{&deadline, st, abort_flag, peer};
   return lamport_poll(p, x, g);
 }
 
@@ -76,7 +76,7 @@ RECCL_DEVICE void check_header(lsa_view const& v, int phase, int cta, pack16 con
   if (q < 0 || q >= v.nranks || q == v.rank) return;
   char* const hp = v.one_shot_slot(v.rank, phase, q, cta);
   pack16 g;
-  if (!lamport_poll(hp, g, deadline, abort_flag, st)) {
+  if (!lamport_poll(hp, g, deadline, abort_flag, st, q)) {
     *abort_flag = 1;
     return;
   }
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       int const k = tid + u * cta_threads;
-      if (k < np && ok && !lamport_arrived(x[u])) ok = lamport_poll(base + k * 16, x[u], deadline, &abort_flag, st);
+      if (k < np && ok && !lamport_arrived(x[u])) ok = lamport_poll(base + k * 16, x[u], deadline, &abort_flag, st, 1 - me);
     }
     if (ok) {
       bool const write = !*static_cast<volatile int*>(&abort_flag);
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(cta_threads, 1) one_shot_kernel(coll_args cons
           return true;
         }
         char* const p = v.one_shot_slot(me, phase, q, cta) + 16 + k * 16;
-        bool const got = lamport_poll(p, x, deadline, &abort_flag, st);
+        bool const got = lamport_poll(p, x, deadline, &abort_flag, st, q);
         if (got) store_pack(p, lamport_poison());
         return got;
       });
@@ -216,9 +216,10 @@ inline constexpr std::uint32_t ll_flag = 0x1ee11ee1u;
 RECCL_DEVICE bool ll_arrived(pack16 const& p) { return p.w[1] == ll_flag && p.w[3] == ll_flag; }
 
 /// Poll the two LL packets that carry one 16-byte data pack.
-RECCL_DEVICE bool ll_poll(char const* p, pack16& data, deadline_clock& deadline, int const* abort_flag, std::uint32_t* st) {
+RECCL_DEVICE bool ll_poll(char const* p, pack16& data, deadline_clock& deadline, int const* abort_flag, std::uint32_t* st,
+                         int peer = -1) {
   pack16 a = load_pack_relaxed_sys(p), b = load_pack_relaxed_sys(p + 16);
-  lane_guard g{&deadline, st, abort_flag};
+  lane_guard g{&deadline, st, abort_flag, peer};
   bool const ok = spin_until(
       [&] {
         if (ll_arrived(a) && ll_arrived(b)) return true;
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
               x = load_user<T>(own, j, r, a.vec_ok);
               return true;
             }
-            return ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+            return ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st, q);
           });
           if (ok && !*static_cast<volatile int*>(&abort_flag)) store_user<T>(out, j, r, a.vec_ok, from_acc<T>(Op, acc, n));
         });
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(cta_threads, 1) ll_kernel(coll_args const a) {
       for (int q = 0; q < n && ok; ++q) {
         pack16 x;
         if (P.recvs_from(q)) {
-          ok = ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st);
+          ok = ll_poll(v.one_shot_slot(me, phase, q, cta) + 16 + k * 32, x, deadline, &abort_flag, st, q);
         } else if (q == me && P.copies_own() && !a.in_place) {
           x = load_user<T>(in + P.send_segment(me) * a.seg_bytes, j, r, a.vec_ok);
         } else {

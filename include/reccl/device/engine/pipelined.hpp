@@ -140,7 +140,10 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
         if (lane == 0 && s >= depth) {
           std::uint64_t const spun = spins, t0 = hooks.wait_clock();
           for (int p = 0; p < n && ok; ++p)
-            if (P.sends_to(p)) ok = wait_at_least(v.credit(me, cta, w, p), s - depth + 1, guard, spins);
+            if (P.sends_to(p)) {
+              waiting_for(guard, p);
+              ok = wait_at_least(v.credit(me, cta, w, p), s - depth + 1, guard, spins);
+            }
           if (spins != spun) hooks.waited(t0);
         }
         if (lane == 0 && !ok) *abort_v = 1;
@@ -209,6 +212,7 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
         }
         for (int p = 0; p < n && ok; ++p) {
           if (!P.recvs_from(p)) continue;
+          waiting_for(guard, p);
           if constexpr (lam) {
             char* const hp = v.ring_slot(me, p, cta, w, s) + hdr_off;
             pack16 g;
@@ -233,6 +237,7 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
         if constexpr (!std::is_same_v<T, raw_byte>) {
           char const* const own = in + P.own_in_segment() * io.seg_bytes;
           char* const slot = v.ring_slot(me, 1 - me, cta, w, s);
+          waiting_for(guard, 1 - me);
           for (int b = 0; b < cnt && good; b += 32 * U) {
             pack16 xo[U], xp[U];
 #pragma unroll
@@ -279,6 +284,7 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
               char* const p = v.ring_slot(me, q, cta, w, s) + i * 16;
               bool got = true;
               if constexpr (lam) {
+                waiting_for(guard, q);
                 got = lamport_poll(p, x, guard);
               } else {
                 x = load_pack_cg(p);
