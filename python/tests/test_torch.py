@@ -322,8 +322,7 @@ def _bad_input(comm, rank, world):
 
 
 def _missing_rank(comm, rank, world):
-    """Rank 0 never calls; the others' call ends at the timeout with a timeout error (the fast path's
-    status word says that a peer did not arrive, not which one)."""
+    """Rank 0 never calls; the others' call ends at the timeout with an error naming rank 0."""
     import reccl
 
     dev = comm.device
@@ -336,6 +335,7 @@ def _missing_rank(comm, rank, world):
         except reccl.Error as e:
             took = time.monotonic() - t0
             assert e.status == "timeout", str(e)
+            assert e.rank == 0 and "rank 0 did not arrive" in str(e), str(e)
             assert took < 3 * MISSING_TIMEOUT_S + 5, f"took {took:.1f} s"
     dist.barrier()
     return 1
