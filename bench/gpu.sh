@@ -397,9 +397,9 @@ fi
 if has torch; then
   log "torch: pip install --no-build-isolation ."
   PYDIR=$OUT/pylib
-  if ! MAX_JOBS=$(nproc) pip install --no-build-isolation --no-deps . >"$OUT/torch_install.log" 2>&1; then
+  if ! MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps . >"$OUT/torch_install.log" 2>&1; then
     # a read-only site-packages: install into a folder of our own
-    MAX_JOBS=$(nproc) pip install --no-build-isolation --no-deps --target "$PYDIR" . >>"$OUT/torch_install.log" 2>&1 &&
+    MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps --target "$PYDIR" . >>"$OUT/torch_install.log" 2>&1 &&
       export PYTHONPATH="$PYDIR:${PYTHONPATH:-}"
   fi
   if python3 -c 'import reccl.torch' >>"$OUT/torch_install.log" 2>&1; then

@@ -2,8 +2,9 @@
 
   * graph: per rank, one CUDA graph of ITERS in-place bf16 all-reduces (torch.ops.reccl.all_reduce_),
     every rank's graph replayed together and timed with events; the same with the graphs captured
-    from C++ (reccl._C._time_graphs_cpp: the same communicators, tensors and method). Median of REPS
-    replays, us per call, and the ratio torch / C++.
+    from C++ (reccl._C._CppGraphs: the same communicators, tensors and method). Both sets are
+    captured once and timed in PAIRS interleaved batches of REPS replays; median us per call, and the
+    ratio torch / C++.
   * eager host time: microseconds of host time per call while issuing CALLS calls per rank (no
     synchronisation inside the timed loop): the operator (torch.ops), the Python method
     (comm.all_reduce_, with its error translation), the out-of-place operator, and C++.
@@ -24,33 +25,40 @@ from reccl import _C
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 
 
-def time_torch_graphs(comms, xs, iters, reps):
-    streams = [torch.cuda.Stream() for _ in comms]
-    graphs = []
-    for c, x, s in zip(comms, xs, streams):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(iters):
-                torch.ops.reccl.all_reduce_(c.handle, x, "sum")
-        graphs.append(g)
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    us = []
-    for rep in range(reps + 1):
-        t0.record(streams[0])
-        for s in streams[1:]:
-            s.wait_event(t0)
-        for g, s in zip(graphs, streams):
-            with torch.cuda.stream(s):
-                g.replay()
-        for s in streams[1:]:
-            e = torch.cuda.Event()
-            e.record(s)
-            streams[0].wait_event(e)
-        t1.record(streams[0])
-        t1.synchronize()
-        if rep > 0:
-            us.append(1000.0 * t0.elapsed_time(t1) / iters)
-    return us
+class TorchGraphs:
+    """Per rank, one CUDA graph of ITERS torch.ops.reccl.all_reduce_ calls on its own stream;
+    time(reps) replays every rank's graph together reps + 1 times (the first is not counted)."""
+
+    def __init__(self, comms, xs, iters):
+        self.iters = iters
+        self.streams = [torch.cuda.Stream() for _ in comms]
+        self.graphs = []
+        for c, x, s in zip(comms, xs, self.streams):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(iters):
+                    torch.ops.reccl.all_reduce_(c.handle, x, "sum")
+            self.graphs.append(g)
+
+    def time(self, reps):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        done = [torch.cuda.Event() for _ in self.streams]
+        us = []
+        for rep in range(reps + 1):
+            t0.record(self.streams[0])
+            for s in self.streams[1:]:
+                s.wait_event(t0)
+            for g, s in zip(self.graphs, self.streams):
+                with torch.cuda.stream(s):
+                    g.replay()
+            for e, s in zip(done[1:], self.streams[1:]):
+                e.record(s)
+                self.streams[0].wait_event(e)
+            t1.record(self.streams[0])
+            t1.synchronize()
+            if rep > 0:
+                us.append(1000.0 * t0.elapsed_time(t1) / self.iters)
+        return us
 
 
 def host_us(comms, xs, calls, fn):
@@ -86,7 +94,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--pairs", type=int, default=5, help="torch/C++ measurements alternated per size")
+    ap.add_argument("--pairs", type=int, default=10, help="torch/C++ measurements interleaved per size")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -109,9 +117,15 @@ def main():
         for o in outs:
             torch.testing.assert_close(o.float(), want.float(), rtol=1e-2, atol=1e-2)
         t_torch, t_cpp = [], []
-        for _ in range(a.pairs):  # alternate, so drift hits both alike
-            t_torch += time_torch_graphs(comms, xs, a.iters, a.reps)
-            t_cpp += list(_C._time_graphs_cpp([c._c for c in comms], xs, a.iters, a.reps))
+        tg, cg = TorchGraphs(comms, xs, a.iters), _C._CppGraphs([c._c for c in comms], xs, a.iters)
+        for p in range(a.pairs):  # interleaved, each first in turn, so drift and warm-up hit both alike
+            if p % 2 == 0:
+                t_torch += tg.time(a.reps)
+                t_cpp += list(cg.time(a.reps))
+            else:
+                t_cpp += list(cg.time(a.reps))
+                t_torch += tg.time(a.reps)
+        del tg, cg
         for c in comms:
             c.check()
         row = {"bytes": nbytes, "graph_torch_us": statistics.median(t_torch), "graph_cpp_us": statistics.median(t_cpp)}

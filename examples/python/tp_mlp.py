@@ -1,8 +1,10 @@
 """A tensor-parallel MLP step with reccl.torch: each rank holds a column shard of W1 and a row shard
 of W2, computes its partial output, and one fused operator all-reduces the partials, adds the
 residual and applies RMSNorm. The step runs under torch.compile(fullgraph=True), is captured in a
-CUDA graph and replayed on new tokens; every rank checks its output bit for bit against a
-single-process reference that computes the same shards' partials and sums them in rank order.
+CUDA graph and replayed on new tokens; every rank checks its new residual bit for bit, and its
+normalised output to within one bf16 rounding step, against a single-process reference that
+computes the same shards' partials and sums them in rank order (the reference's sum of squares
+adds in another order than the kernel's).
 
     python3 examples/python/tp_mlp.py [--ranks 2] [--tokens 32] [--hidden 4096]
 
@@ -103,17 +105,22 @@ def rank_main(rank, ranks, port, a, results):
             checks.append((f"graph replay {it}", gout.clone(), gres.clone(),
                            reference(xi.to(dev), ri.to(dev), w1.to(dev), w2.to(dev), norm_d, ranks, eps)))
             dist.barrier()
-        bad = []
+        bad, exact = [], [0]
         for name, o, r, (wo, wr) in checks:
-            if not (torch.equal(o, wo) and torch.equal(r, wr)):
-                bad.append(f"{name}: max |out diff| {(o.float() - wo.float()).abs().max().item():.3g}, "
-                           f"max |residual diff| {(r.float() - wr.float()).abs().max().item():.3g}")
+            # residual': bit for bit. out: within one bf16 rounding step of the reference, whose sum of
+            # squares adds the row in another order than the kernel's block reduction
+            ulp = torch.exp2(torch.floor(torch.log2(wo.float().abs().clamp_min(2**-100))) - 7)
+            off = (o.float() - wo.float()).abs() > ulp
+            if not torch.equal(r, wr) or bool(off.any()):
+                bad.append(f"{name}: residual bitwise {torch.equal(r, wr)}, out elements off by more than one "
+                           f"rounding step: {int(off.sum())}")
+            exact[0] += int(torch.equal(o, wo))
         del g
         comm.close()
         dist.destroy_process_group()
-        results.put((rank, bad, len(checks)))
+        results.put((rank, bad, len(checks), exact[0]))
     except BaseException:  # noqa: BLE001
-        results.put((rank, [traceback.format_exc()], 0))
+        results.put((rank, [traceback.format_exc()], 0, 0))
 
 
 def main():
@@ -139,11 +146,12 @@ def main():
     for p in procs:
         p.join(timeout=30)
     failed = False
-    for rank, bad, n in sorted(got):
+    for rank, bad, n, exact in sorted(got):
         for b in bad:
             print(f"rank {rank}: {b}")
         failed |= bool(bad)
-        print(f"rank {rank}: {n - len(bad)}/{n} checks bitwise equal to the single-process reference")
+        print(f"rank {rank}: {n - len(bad)}/{n} steps match the single-process reference (residual bit for bit, "
+              f"output within one bf16 rounding step; {exact}/{n} outputs bit for bit)")
     print(f"tp_mlp: {a.ranks} ranks, {a.tokens} tokens, hidden {a.hidden}, ffn {a.ffn}, torch.compile + CUDA graph: "
           + ("FAILED" if failed else "all outputs match"))
     return 1 if failed else 0

@@ -308,7 +308,7 @@ def _bad_input(comm, rank, world):
         raise AssertionError("mismatched counts not detected")
     except reccl.Error as e:
         assert e.status == "mismatch", str(e)
-        assert 0 <= e.rank < world, str(e)
+        assert 0 <= e.rank < world and e.rank != rank and f"rank {e.rank}'s call differs" in str(e), str(e)
     took = time.monotonic() - t0
     assert took < TIMEOUT_S, f"mismatch took {took:.1f} s"
     comm.close()

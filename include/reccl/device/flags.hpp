@@ -58,7 +58,7 @@ RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, st
         return true;
       },
       guard, spins);
-  if (mismatch) raise_status(status_word, status::mismatch);
+  if (mismatch) raise_status(status_word, status::mismatch, peer_of(guard));
   return ok && !mismatch;
 }
 RECCL_DEVICE bool wait_ready(std::uint64_t const* flag, std::uint64_t target, std::uint32_t desc, deadline_clock& deadline,
@@ -98,7 +98,7 @@ RECCL_DEVICE bool cta_barrier(lsa_view const& v, int cta, std::uint32_t epoch, s
           return true;
         },
         g);
-    if (mismatch) raise_status(st, status::mismatch);
+    if (mismatch) raise_status(st, status::mismatch, t);
     if (!arrived || mismatch) failed = 1;
   }
   __syncthreads();

@@ -21,13 +21,14 @@ RECCL_DEVICE void raise_status(std::uint32_t* word, status s) { atomicCAS(word, 
 
 RECCL_DEVICE std::uint32_t read_status(std::uint32_t const* word) { return *static_cast<volatile std::uint32_t const*>(word); }
 
-/// Record status::timeout and, two words after the status word (lsa_view::timed_out_on), 1 + the
-/// peer the expired wait was waiting for when it is known (peer >= 0). Each word keeps its first
-/// value; the host reads the peer only when the status is a timeout.
-RECCL_DEVICE void raise_timeout(std::uint32_t* word, int peer) {
-  raise_status(word, status::timeout);
-  if (peer >= 0) atomicCAS(word + 2, 0u, static_cast<std::uint32_t>(peer) + 1u);
+/// Record `s` as the lane's error (the first wins) and, when this call's error is the one recorded
+/// and the peer is known (peer >= 0), 1 + that peer two words after the status word
+/// (lsa_view::peer_of_error): the rank a timed-out wait waited for, or whose call differed.
+RECCL_DEVICE void raise_status(std::uint32_t* word, status s, int peer) {
+  if (atomicCAS(word, 0u, static_cast<std::uint32_t>(s)) == 0u && peer >= 0)
+    atomicExch(word + 2, static_cast<std::uint32_t>(peer) + 1u);
 }
+RECCL_DEVICE void raise_timeout(std::uint32_t* word, int peer) { raise_status(word, status::timeout, peer); }
 
 /// How often (in polls) a spinning thread looks at the clock and the status word.
 inline constexpr std::uint32_t deadline_check_period = 256;
@@ -80,6 +81,12 @@ struct lane_guard {
 template <class Guard>
 RECCL_DEVICE void waiting_for(Guard& g, int peer) {
   if constexpr (requires { g.peer = peer; }) g.peer = peer;
+}
+/// The peer a guard's current wait waits for, or -1.
+template <class Guard>
+RECCL_DEVICE int peer_of(Guard const& g) {
+  if constexpr (requires { g.peer; }) return g.peer;
+  else return -1;
 }
 
 }  // namespace reccl::device

@@ -339,15 +339,18 @@ class nvlink_communicator {
       RECCL_CUDA_CHECK(cudaMemcpy(w, view(l).status(), sizeof(w), cudaMemcpyDeviceToHost));
       status const s = static_cast<status>(w[0]);
       if (s == status::ok || s == status::recovered) continue;
-      int const missing = s == status::timeout && w[2] != 0 ? static_cast<int>(w[2]) - 1 : -1;
-      std::string why = s == status::timeout    ? (missing >= 0 ? ": rank " + std::to_string(missing) + " did not arrive within the timeout"
-                                                                : ": a peer did not arrive within the timeout")
-                        : s == status::mismatch ? ": ranks disagree on count, dtype, op, root or algorithm"
-                                                : ": device error";
+      int const peer = w[2] != 0 ? static_cast<int>(w[2]) - 1 : -1;  // the rank the error concerns, if known
+      std::string why = s == status::timeout
+                            ? (peer >= 0 ? ": rank " + std::to_string(peer) + " did not arrive within the timeout"
+                                         : ": a peer did not arrive within the timeout")
+                        : s == status::mismatch
+                            ? (peer >= 0 ? ": rank " + std::to_string(peer) + "'s call differs (count, dtype, op, root or algorithm)"
+                                         : ": ranks disagree on count, dtype, op, root or algorithm")
+                            : ": device error";
       if (s == status::invalid_argument)
         why = w[1] != 0 ? ": rank " + std::to_string(w[1] - 1) + " rejected its call on the host (its exception says why)"
                         : ": a rank rejected its call on the host";
-      int const concerned = missing >= 0 ? missing : s == status::invalid_argument && w[1] != 0 ? static_cast<int>(w[1]) - 1 : -1;
+      int const concerned = s == status::invalid_argument ? (w[1] != 0 ? static_cast<int>(w[1]) - 1 : -1) : peer;
       throw error(s, "lane " + std::to_string(l) + " of rank " + std::to_string(s_->rank) + why +
                          "; the lane stays failed: rebuild the communicator", concerned);
     }

@@ -81,7 +81,7 @@ RECCL_DEVICE void check_header(lsa_view const& v, int phase, int cta, pack16 con
     return;
   }
   if (g.w[0] != h.w[0] || g.w[1] != h.w[1] || g.w[3] != h.w[3]) {
-    raise_status(st, status::mismatch);
+    raise_status(st, status::mismatch, q);
     *abort_flag = 1;
   }
   store_pack(hp, lamport_poison());

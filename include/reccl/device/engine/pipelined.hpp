@@ -218,7 +218,7 @@ RECCL_DEVICE bool pipe_range(coll_args const& a, pipe_io const& io, pattern cons
             pack16 g;
             ok = lamport_poll(hp, g, guard, spins);
             if (ok && (g.w[0] != (a.desc & 0x7fffffffu) || g.w[1] != static_cast<std::uint32_t>(s & 0x7fffffffu))) {
-              raise_status(st, status::mismatch);
+              raise_status(st, status::mismatch, p);
               ok = 0;
             }
             if (ok) store_pack(hp, lamport_poison());

@@ -116,9 +116,9 @@ struct lsa_view {
   RECCL_HOST_DEVICE std::uint32_t* rejected_by(int owner) const {
     return reinterpret_cast<std::uint32_t*>(lane_base(owner) + L.status_off) + 1;
   }
-  /// Two words after `owner`'s status word: 1 + the peer a wait that timed out was waiting for
-  /// (device/wait.hpp raise_timeout), or 0 when no wait named one.
-  RECCL_HOST_DEVICE std::uint32_t* timed_out_on(int owner) const {
+  /// Two words after `owner`'s status word: 1 + the peer the lane's error concerns (a timed-out
+  /// wait's peer, or the rank whose call differed: device/wait.hpp raise_status), or 0.
+  RECCL_HOST_DEVICE std::uint32_t* peer_of_error(int owner) const {
     return reinterpret_cast<std::uint32_t*>(lane_base(owner) + L.status_off) + 2;
   }
   RECCL_HOST_DEVICE std::uint64_t* one_shot_seq(int cta) const {
