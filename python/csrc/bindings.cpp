@@ -280,6 +280,8 @@ struct py_comm {
   }
 };
 
+std::int64_t handle_of(py_comm const& p) { return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&p.get())); }
+
 options make_options(std::int32_t max_ctas, double timeout_s, std::uint32_t fused_max_tokens, std::uint32_t fused_max_hidden) {
   if (!(timeout_s > 0)) throw reccl::error(reccl::status::invalid_argument, "timeout must be > 0 seconds");
   options o;
@@ -346,7 +348,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
 
   py::class_<py_comm>(m, "Comm")
-      .def("handle", [](py_comm const& p) { return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&p.get())); })
+      .def("handle", [](py_comm const& p) { return handle_of(p); })
       .def("rank", [](py_comm const& p) { return p.get().rank(); })
       .def("size", [](py_comm const& p) { return p.get().size(); })
       .def("device", [](py_comm const& p) { return p.get().device(); })
@@ -368,6 +370,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return p.c && p.c->is_registered(reinterpret_cast<void const*>(static_cast<std::intptr_t>(ptr)), bytes);
       })
       .def("closed", [](py_comm const& p) { return !p.c || p.c->closed(); })
+      // The operators' implementations called straight from Python, without the dispatcher: what
+      // reccl.torch's methods use eagerly on plain tensors (torch.compile and tensor subclasses go
+      // through torch.ops.reccl). Same checks, same errors (take_last_error), same launches.
+      .def("all_reduce", [](py_comm& p, at::Tensor const& x, std::string const& op) { return all_reduce(handle_of(p), x, op); })
+      .def("all_reduce_", [](py_comm& p, at::Tensor& x, std::string const& op) { all_reduce_(handle_of(p), x, op); })
+      .def("reduce_scatter", [](py_comm& p, at::Tensor const& x, std::string const& op) { return reduce_scatter(handle_of(p), x, op); })
+      .def("all_gather", [](py_comm& p, at::Tensor const& x) { return all_gather(handle_of(p), x); })
+      .def("all_to_all", [](py_comm& p, at::Tensor const& x) { return all_to_all(handle_of(p), x); })
+      .def("broadcast", [](py_comm& p, at::Tensor const& x, std::int64_t root) { return broadcast(handle_of(p), x, root); })
+      .def("broadcast_", [](py_comm& p, at::Tensor& x, std::int64_t root) { broadcast_(handle_of(p), x, root); })
+      .def("fused_add_rms_norm_all_reduce", [](py_comm& p, at::Tensor const& x, at::Tensor const& residual, at::Tensor const& weight,
+                                               double eps) { return fused_add_rms_norm_all_reduce(handle_of(p), x, residual, weight, eps); })
       .def("close", [](py_comm& p) {
         if (!p.c) return;
         drop_live(p.c.get());

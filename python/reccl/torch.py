@@ -114,11 +114,16 @@ class Communicator:
         return [cls(_native=n) for n in natives]
 
     # ---- collectives (out-of-place unless named with a trailing underscore) ----------------------
+    # Eagerly, plain tensors go straight to the operators' implementation (no dispatcher: about 2 us
+    # less host time per call); under torch.compile, and for tensor subclasses (fake tensors, ...),
+    # the methods call torch.ops.reccl.*. Both run the same checks and kernels.
 
     def all_reduce(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.all_reduce(self.handle, x, op)
         try:
+            if type(x) is torch.Tensor:
+                return self._c.all_reduce(x, op)
             return torch.ops.reccl.all_reduce(self.handle, x, op)
         except RuntimeError as e:
             _raise_recorded(e)
@@ -128,7 +133,10 @@ class Communicator:
             torch.ops.reccl.all_reduce_(self.handle, x, op)
             return x
         try:
-            torch.ops.reccl.all_reduce_(self.handle, x, op)
+            if type(x) is torch.Tensor:
+                self._c.all_reduce_(x, op)
+            else:
+                torch.ops.reccl.all_reduce_(self.handle, x, op)
             return x
         except RuntimeError as e:
             _raise_recorded(e)
@@ -138,6 +146,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.reduce_scatter(self.handle, x, op)
         try:
+            if type(x) is torch.Tensor:
+                return self._c.reduce_scatter(x, op)
             return torch.ops.reccl.reduce_scatter(self.handle, x, op)
         except RuntimeError as e:
             _raise_recorded(e)
@@ -147,6 +157,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.all_gather(self.handle, x)
         try:
+            if type(x) is torch.Tensor:
+                return self._c.all_gather(x)
             return torch.ops.reccl.all_gather(self.handle, x)
         except RuntimeError as e:
             _raise_recorded(e)
@@ -156,6 +168,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.all_to_all(self.handle, x)
         try:
+            if type(x) is torch.Tensor:
+                return self._c.all_to_all(x)
             return torch.ops.reccl.all_to_all(self.handle, x)
         except RuntimeError as e:
             _raise_recorded(e)
@@ -164,6 +178,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.broadcast(self.handle, x, root)
         try:
+            if type(x) is torch.Tensor:
+                return self._c.broadcast(x, root)
             return torch.ops.reccl.broadcast(self.handle, x, root)
         except RuntimeError as e:
             _raise_recorded(e)
@@ -173,7 +189,10 @@ class Communicator:
             torch.ops.reccl.broadcast_(self.handle, x, root)
             return x
         try:
-            torch.ops.reccl.broadcast_(self.handle, x, root)
+            if type(x) is torch.Tensor:
+                self._c.broadcast_(x, root)
+            else:
+                torch.ops.reccl.broadcast_(self.handle, x, root)
             return x
         except RuntimeError as e:
             _raise_recorded(e)
@@ -185,6 +204,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.fused_add_rms_norm_all_reduce(self.handle, x, residual, weight, eps)
         try:
+            if type(x) is torch.Tensor:
+                return self._c.fused_add_rms_norm_all_reduce(x, residual, weight, eps)
             return torch.ops.reccl.fused_add_rms_norm_all_reduce(self.handle, x, residual, weight, eps)
         except RuntimeError as e:
             _raise_recorded(e)
