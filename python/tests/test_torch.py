@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover
     pytest = None
 
-WORLDS = (2, 3)
+WORLDS = tuple(int(w) for w in os.environ.get("RECCL_TEST_WORLDS", "2,3").split(","))  # processes sharing GPU 0
 TIMEOUT_S = 20.0  # GPU-side waits; processes sharing a GPU wait for each other's time slices
 DTYPES = ("float32", "bfloat16", "float16", "int32")
 OPS = ("sum", "prod", "min", "max", "avg")
