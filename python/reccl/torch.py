@@ -116,86 +116,58 @@ class Communicator:
     # ---- collectives (out-of-place unless named with a trailing underscore) ----------------------
     # Eagerly, plain tensors go straight to the operators' implementation (no dispatcher: about 2 us
     # less host time per call); under torch.compile, and for tensor subclasses (fake tensors, ...),
-    # the methods call torch.ops.reccl.*. Both run the same checks and kernels.
+    # the methods call torch.ops.reccl.*. Both run the same checks and kernels. Each method spells
+    # out its torch.compile branch, which is what dynamo traces.
+
+    def _eager(self, name: str, x: torch.Tensor, *args):
+        try:
+            if type(x) is torch.Tensor:
+                return getattr(self._c, name)(x, *args)
+            return getattr(torch.ops.reccl, name)(self.handle, x, *args)
+        except RuntimeError as e:
+            _raise_recorded(e)
 
     def all_reduce(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.all_reduce(self.handle, x, op)
-        try:
-            if type(x) is torch.Tensor:
-                return self._c.all_reduce(x, op)
-            return torch.ops.reccl.all_reduce(self.handle, x, op)
-        except RuntimeError as e:
-            _raise_recorded(e)
+        return self._eager("all_reduce", x, op)
 
     def all_reduce_(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if torch.compiler.is_compiling():
             torch.ops.reccl.all_reduce_(self.handle, x, op)
-            return x
-        try:
-            if type(x) is torch.Tensor:
-                self._c.all_reduce_(x, op)
-            else:
-                torch.ops.reccl.all_reduce_(self.handle, x, op)
-            return x
-        except RuntimeError as e:
-            _raise_recorded(e)
+        else:
+            self._eager("all_reduce_", x, op)
+        return x
 
     def reduce_scatter(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Rank r gets the reduction of every rank's r-th slice of ``x`` along dim 0."""
         if torch.compiler.is_compiling():
             return torch.ops.reccl.reduce_scatter(self.handle, x, op)
-        try:
-            if type(x) is torch.Tensor:
-                return self._c.reduce_scatter(x, op)
-            return torch.ops.reccl.reduce_scatter(self.handle, x, op)
-        except RuntimeError as e:
-            _raise_recorded(e)
+        return self._eager("reduce_scatter", x, op)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's ``x`` concatenated along dim 0, in rank order."""
         if torch.compiler.is_compiling():
             return torch.ops.reccl.all_gather(self.handle, x)
-        try:
-            if type(x) is torch.Tensor:
-                return self._c.all_gather(x)
-            return torch.ops.reccl.all_gather(self.handle, x)
-        except RuntimeError as e:
-            _raise_recorded(e)
+        return self._eager("all_gather", x)
 
     def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
         """Slice q of ``x`` along dim 0 goes to rank q; slice p of the output came from rank p."""
         if torch.compiler.is_compiling():
             return torch.ops.reccl.all_to_all(self.handle, x)
-        try:
-            if type(x) is torch.Tensor:
-                return self._c.all_to_all(x)
-            return torch.ops.reccl.all_to_all(self.handle, x)
-        except RuntimeError as e:
-            _raise_recorded(e)
+        return self._eager("all_to_all", x)
 
     def broadcast(self, x: torch.Tensor, root: int = 0) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return torch.ops.reccl.broadcast(self.handle, x, root)
-        try:
-            if type(x) is torch.Tensor:
-                return self._c.broadcast(x, root)
-            return torch.ops.reccl.broadcast(self.handle, x, root)
-        except RuntimeError as e:
-            _raise_recorded(e)
+        return self._eager("broadcast", x, root)
 
     def broadcast_(self, x: torch.Tensor, root: int = 0) -> torch.Tensor:
         if torch.compiler.is_compiling():
             torch.ops.reccl.broadcast_(self.handle, x, root)
-            return x
-        try:
-            if type(x) is torch.Tensor:
-                self._c.broadcast_(x, root)
-            else:
-                torch.ops.reccl.broadcast_(self.handle, x, root)
-            return x
-        except RuntimeError as e:
-            _raise_recorded(e)
+        else:
+            self._eager("broadcast_", x, root)
+        return x
 
     def fused_add_rms_norm_all_reduce(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                       eps: float = 1e-6):
@@ -203,12 +175,7 @@ class Communicator:
         in one kernel; returns ``(out, residual')``."""
         if torch.compiler.is_compiling():
             return torch.ops.reccl.fused_add_rms_norm_all_reduce(self.handle, x, residual, weight, eps)
-        try:
-            if type(x) is torch.Tensor:
-                return self._c.fused_add_rms_norm_all_reduce(x, residual, weight, eps)
-            return torch.ops.reccl.fused_add_rms_norm_all_reduce(self.handle, x, residual, weight, eps)
-        except RuntimeError as e:
-            _raise_recorded(e)
+        return self._eager("fused_add_rms_norm_all_reduce", x, residual, weight, eps)
 
     # ---- symmetric memory ------------------------------------------------------------------------
 
