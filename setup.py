@@ -30,7 +30,8 @@ def nccl_paths():
 
 
 nccl_inc, nccl_lib = nccl_paths()
-includes = [os.path.join(ROOT, "include"), os.path.join(ROOT, "examples", "03_fused_allreduce_rmsnorm")] + nccl_inc
+# ROOT: bindings.cpp times its measurement helper with bench/perf/graph_timing.hpp
+includes = [ROOT, os.path.join(ROOT, "include"), os.path.join(ROOT, "examples", "03_fused_allreduce_rmsnorm")] + nccl_inc
 dtypes = "-DRECCL_DTYPES=int32|float16|bfloat16|float32"
 # torch's extension flags hide CUDA's half/bfloat16 operators and conversions (for ATen's own
 # types); reccl's device code uses them

@@ -9,7 +9,11 @@
 #include <algorithm>
 #include <vector>
 
+// CK: the tools' check (print and exit). A program that must not exit on a CUDA error (the Python
+// extension's measurement helper) defines its own CK before including this file.
+#ifndef CK
 #include "examples/common/check.hpp"
+#endif
 
 namespace reccl_bench {
 

@@ -61,21 +61,9 @@ class TorchGraphs:
         return us
 
 
-def host_us(comms, xs, calls, fn):
-    streams = [torch.cuda.Stream() for _ in comms]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        for c, x, s in zip(comms, xs, streams):
-            with torch.cuda.stream(s):
-                fn(c, x)
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / (calls * len(comms))
-
-
 def host_us_ops(comms, xs, calls, fn):
-    """As host_us, with the stream switches outside the timed calls (one stream per rank set once)."""
+    """Host microseconds per call while issuing `calls` calls of `fn` per rank (each rank's calls on its
+    own stream, entered once outside the timed loop; no synchronisation inside it)."""
     streams = [torch.cuda.Stream() for _ in comms]
     torch.cuda.synchronize()
     total = 0.0

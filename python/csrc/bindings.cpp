@@ -27,6 +27,11 @@
 
 #include "comm.hpp"
 
+// The measurement helper below times graphs as reccl_loopback_perf does; here a CUDA error throws
+// (reccl::error, then a Python exception) rather than ending the process.
+#define CK(x) RECCL_CUDA_CHECK(x)
+#include "bench/perf/graph_timing.hpp"
+
 namespace py = pybind11;
 
 namespace reccl_torch {
@@ -408,59 +413,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Measurement helpers (bench/perf/torch_ops.py): the same collective called from C++.
   // _CppGraphs(comms, xs, iters): per rank, one graph of `iters` in-place all-reduces captured from
   // C++ on its own stream; time(reps) replays every rank's graph together reps + 1 times and returns
-  // microseconds per call of each replay but the first.
+  // microseconds per call of each replay but the first -- bench/perf/graph_timing.hpp, the small-
+  // message tools' own timing, with CUDA errors thrown instead of exiting.
   struct cpp_graphs {
     std::vector<cudaStream_t> streams;
     std::vector<cudaGraphExec_t> exec;
     int iters = 0;
-    cpp_graphs(py::list comms, std::vector<at::Tensor> const& xs, int n_iters) : iters(n_iters) {
-      std::size_t const n = xs.size();
-      streams.resize(n);
-      exec.resize(n);
-      for (std::size_t r = 0; r < n; ++r) {
-        comm& c = comms[r].cast<py_comm&>().get();
-        RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
-        cudaGraph_t g;
-        RECCL_CUDA_CHECK(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < iters; ++i)
-          c.all_reduce(xs[r].data_ptr(), xs[r].data_ptr(), static_cast<std::size_t>(xs[r].numel()), *reducing_dtype(xs[r].scalar_type()),
-                       reccl::redop::sum, streams[r]);
-        RECCL_CUDA_CHECK(cudaStreamEndCapture(streams[r], &g));
-        RECCL_CUDA_CHECK(cudaGraphInstantiate(&exec[r], g, 0));
-        RECCL_CUDA_CHECK(cudaGraphDestroy(g));
-      }
+    cpp_graphs(py::list comms, std::vector<at::Tensor> const& xs, int n_iters) : streams(xs.size()), iters(n_iters) {
+      std::vector<comm*> cs;
+      for (auto h : comms) cs.push_back(&h.cast<py_comm&>().get());
+      for (auto& s : streams) RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      exec = reccl_bench::capture_per_rank(streams, iters, [&](int r) {
+        at::Tensor const& x = xs[static_cast<std::size_t>(r)];
+        cs[static_cast<std::size_t>(r)]->all_reduce(x.data_ptr(), x.data_ptr(), static_cast<std::size_t>(x.numel()),
+                                                    *reducing_dtype(x.scalar_type()), reccl::redop::sum, streams[static_cast<std::size_t>(r)]);
+      });
     }
     ~cpp_graphs() {
       for (auto e : exec) RECCL_CUDA_REPORT(cudaGraphExecDestroy(e));
       for (auto s : streams) RECCL_CUDA_REPORT(cudaStreamDestroy(s));
     }
-    std::vector<double> time(int reps) {
-      std::size_t const n = streams.size();
-      cudaEvent_t t0, t1;
-      RECCL_CUDA_CHECK(cudaEventCreate(&t0));
-      RECCL_CUDA_CHECK(cudaEventCreate(&t1));
-      std::vector<cudaEvent_t> done(n);
-      for (auto& e : done) RECCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      std::vector<double> us;
-      for (int rep = 0; rep <= reps; ++rep) {
-        RECCL_CUDA_CHECK(cudaEventRecord(t0, streams[0]));
-        for (std::size_t r = 1; r < n; ++r) RECCL_CUDA_CHECK(cudaStreamWaitEvent(streams[r], t0));
-        for (std::size_t r = 0; r < n; ++r) RECCL_CUDA_CHECK(cudaGraphLaunch(exec[r], streams[r]));
-        for (std::size_t r = 1; r < n; ++r) {
-          RECCL_CUDA_CHECK(cudaEventRecord(done[r], streams[r]));
-          RECCL_CUDA_CHECK(cudaStreamWaitEvent(streams[0], done[r]));
-        }
-        RECCL_CUDA_CHECK(cudaEventRecord(t1, streams[0]));
-        RECCL_CUDA_CHECK(cudaEventSynchronize(t1));
-        float ms = 0;
-        RECCL_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        if (rep > 0) us.push_back(1000.0 * ms / iters);
-      }
-      for (auto& e : done) RECCL_CUDA_CHECK(cudaEventDestroy(e));
-      RECCL_CUDA_CHECK(cudaEventDestroy(t0));
-      RECCL_CUDA_CHECK(cudaEventDestroy(t1));
-      return us;
-    }
+    std::vector<double> time(int reps) const { return reccl_bench::replay_graphs(streams, exec, iters, reps); }
   };
   py::class_<cpp_graphs>(m, "_CppGraphs")
       .def(py::init<py::list, std::vector<at::Tensor> const&, int>())

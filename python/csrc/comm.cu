@@ -78,10 +78,7 @@ comm::~comm() = default;
 
 std::uint64_t memory_bound(int nranks, options const& o) {
   check_options(o);
-  reccl::nvlink_config const c = nvlink_options(o);
-  auto const L = reccl::device::make_lsa_layout(nranks, c.lanes, c.max_ctas, c.one_shot_slot_bytes, c.ring_chunk_bytes,
-                                                c.ring_depth);
-  std::uint64_t total = L.total_bytes() + sizeof(std::uint32_t);
+  std::uint64_t total = reccl::nvlink_communicator::memory_bytes(nranks, nvlink_options(o));
   if (o.fused_max_tokens > 0) total += reccl::p2p_communicator::window_bytes(nranks, fused_config(nranks, o));
   return total;
 }
@@ -184,7 +181,7 @@ bool comm::is_registered(void const* p, std::size_t bytes) const { return p_->nv
 
 std::uint64_t comm::memory_bytes() const {
   if (!p_->nv) return 0;
-  std::uint64_t total = p_->nv->memory_bytes() + sizeof(std::uint32_t);  // + the hello result word
+  std::uint64_t total = p_->nv->memory_bytes();
   if (p_->p2p) total += reccl::p2p_communicator::window_bytes(p_->p2p->size(), p_->p2p->config());
   return total;
 }

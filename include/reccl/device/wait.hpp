@@ -28,7 +28,6 @@ RECCL_DEVICE void raise_status(std::uint32_t* word, status s, int peer) {
   if (atomicCAS(word, 0u, static_cast<std::uint32_t>(s)) == 0u && peer >= 0)
     atomicExch(word + 2, static_cast<std::uint32_t>(peer) + 1u);
 }
-RECCL_DEVICE void raise_timeout(std::uint32_t* word, int peer) { raise_status(word, status::timeout, peer); }
 
 /// How often (in polls) a spinning thread looks at the clock and the status word.
 inline constexpr std::uint32_t deadline_check_period = 256;
@@ -70,7 +69,7 @@ struct lane_guard {
     if (cta_abort != nullptr && *static_cast<volatile int const*>(cta_abort)) return true;
     if (read_status(status_word) != 0) return true;
     if (clock->expired()) {
-      raise_timeout(status_word, peer);
+      raise_status(status_word, status::timeout, peer);
       return true;
     }
     return false;

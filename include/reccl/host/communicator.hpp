@@ -263,11 +263,20 @@ class nvlink_communicator {
     throw error(status::invalid_argument, "free: pointer was not returned by allocate()");
   }
 
-  /// Device memory this communicator holds on its GPU: the scratch window (sized by nvlink_config,
-  /// see its comment) plus every buffer from allocate() not yet freed. Peers' windows mapped into
-  /// this process are not counted (they are the peers' memory).
+  /// The scratch layout of `nranks` ranks with `cfg` (every constructor's).
+  static device::lsa_layout layout(int nranks, nvlink_config const& cfg) {
+    return device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes, cfg.ring_depth);
+  }
+  /// Device memory a communicator of `nranks` ranks with `cfg` holds on its GPU before any
+  /// allocate(): its scratch window (sized by nvlink_config, see its comment) and the hello word.
+  static std::uint64_t memory_bytes(int nranks, nvlink_config const& cfg) {
+    return layout(nranks, cfg).total_bytes() + sizeof(std::uint32_t);
+  }
+  /// Device memory this communicator holds on its GPU: memory_bytes(size(), config()) plus every
+  /// buffer from allocate() not yet freed. Peers' windows mapped into this process are not counted
+  /// (they are the peers' memory).
   std::uint64_t memory_bytes() const {
-    std::uint64_t total = s_->L.total_bytes();
+    std::uint64_t total = s_->L.total_bytes() + sizeof(std::uint32_t);  // scratch + hello word
     for (auto const& b : s_->buffers) total += b.bytes;
     return total;
   }
@@ -464,8 +473,7 @@ class nvlink_communicator {
     RECCL_NCCL_CHECK(comm, ncclCommCount(comm, &s_->nranks));
     if (s_->nranks > device::max_lsa)
       throw error(status::invalid_argument, "the NVLink path supports at most " + std::to_string(device::max_lsa) + " ranks");
-    s_->L = device::make_lsa_layout(s_->nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
-                                    cfg.ring_depth);
+    s_->L = layout(s_->nranks, cfg);
     device_guard g(s_->dev);
     void* p = nullptr;
     RECCL_NCCL_CHECK(comm, ncclMemAlloc(&p, s_->L.total_bytes()));
@@ -482,8 +490,7 @@ class nvlink_communicator {
     s_->rank = rank;
     s_->nranks = nranks;
     s_->dev = dev;
-    s_->L = device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
-                                    cfg.ring_depth);
+    s_->L = layout(nranks, cfg);
     device_guard g(dev);
     load_setup_kernels();
     RECCL_CUDA_CHECK(cudaMalloc(&s_->scratch, s_->L.total_bytes()));
@@ -516,8 +523,7 @@ class nvlink_communicator {
       }
       agree(why, code, "could not start");
     }
-    s_->L = device::make_lsa_layout(nranks, cfg.lanes, cfg.max_ctas, cfg.one_shot_slot_bytes, cfg.ring_chunk_bytes,
-                                    cfg.ring_depth);
+    s_->L = layout(nranks, cfg);
     // the configuration digest is the windows' fingerprint: a rank configured differently fails here
     s_->ipc = std::make_shared<ipc_windows>(rank, nranks, s_->L.total_bytes(), detail::hello_token(nranks, cfg),
                                             std::move(exchange), "nvlink_communicator::create_p2p");
