@@ -1,6 +1,7 @@
 """Builds reccl._C, the extension behind reccl.torch (see pyproject.toml and docs/pytorch.md).
 
-Two sources: python/csrc/comm.cu holds every CUDA kernel (nvcc, no torch headers) and
+python/csrc/comm.cu and adaptive_<allocator>.cu hold every CUDA kernel (nvcc, no torch headers;
+one adaptive lane per allocator, so that the build compiles them in parallel) and
 python/csrc/bindings.cpp the torch operators and the Python communicator (host compiler). The
 kernels are built for TORCH_CUDA_ARCH_LIST (default 9.0, Hopper). NCCL's headers and library come
 from PyTorch's nvidia-nccl wheel when it is installed (the NCCL torch loads), else the system's.
@@ -44,7 +45,8 @@ setup(
     ext_modules=[
         CUDAExtension(
             name="reccl._C",
-            sources=["python/csrc/comm.cu", "python/csrc/bindings.cpp"],
+            sources=["python/csrc/comm.cu", "python/csrc/bindings.cpp"]
+            + [f"python/csrc/adaptive_{a}.cu" for a in ("equal", "proportional", "texcp", "aimd")],
             include_dirs=includes,
             library_dirs=nccl_lib,
             libraries=[":libnccl.so.2"],

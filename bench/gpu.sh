@@ -4,9 +4,10 @@
 #   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim layer ab torch all
 #                                 (default: all but proxy-ab, layer, ab and torch)
 #
-# torch: pip install --no-build-isolation . (reccl.torch), python/tests/test_torch.py (2 and 3
-# processes sharing GPU 0; TORCH_TEST_ARGS passes arguments), examples/python/tp_mlp.py with 2 and
-# 3 ranks, bench/perf/torch_ops.py (the operators against the C++ calls, loopback ranks).
+# torch: pip install --no-build-isolation . (reccl.torch), the README's quick start,
+# python/tests/test_torch.py (2 and 3 processes sharing GPU 0), examples/python/tp_mlp.py with 2
+# and 3 ranks, bench/perf/torch_ops.py (the operators against the C++ calls, loopback ranks);
+# TORCH_PARTS and TORCH_SCENARIOS pick parts (see the stage).
 #
 # proxy-ab: the copy-engine proxy's submission modes side by side (batched / one call per operation)
 # in reccl_proxy_cost and reccl_proxy_perf, the floods longer than the queue (kernels loaded first,
@@ -394,30 +395,49 @@ if has ab; then
 fi
 
 # ---- torch: the Python package (pip install), its tests, the TP example, its cost over C++ --------
+# TORCH_PARTS picks the parts (default "install quickstart tests examples bench"); without
+# "install" the package is taken from the tree (python/reccl/_C*.so, e.g. the one an earlier
+# install left in $OUT/torch_so). TORCH_SCENARIOS picks test scenarios (default all).
 if has torch; then
-  log "torch: pip install --no-build-isolation ."
-  PYDIR=$OUT/pylib
-  if ! MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps . >"$OUT/torch_install.log" 2>&1; then
-    # a read-only site-packages: install into a folder of our own
-    MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps --target "$PYDIR" . >>"$OUT/torch_install.log" 2>&1 &&
-      export PYTHONPATH="$PYDIR:${PYTHONPATH:-}"
-  fi
-  if python3 -c 'import reccl.torch' >>"$OUT/torch_install.log" 2>&1; then
-    SUMMARY+=("torch install: ok")
-    if python3 -m pytest --version >/dev/null 2>&1; then
-      (cd /tmp && python3 -m pytest -q -x "$ROOT/python/tests/test_torch.py" ${TORCH_TEST_ARGS:-}) >"$OUT/torch_tests.txt" 2>&1
-    else
-      python3 python/tests/test_torch.py ${TORCH_TEST_ARGS:-} >"$OUT/torch_tests.txt" 2>&1
+  TP=" ${TORCH_PARTS:-install quickstart tests examples bench} "
+  tpart() { [[ "$TP" == *" $1 "* ]]; }
+  if tpart install; then
+    log "torch: pip install --no-build-isolation ."
+    PYDIR=$OUT/pylib
+    t0=$SECONDS
+    if ! MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps . >"$OUT/torch_install.log" 2>&1; then
+      # a read-only site-packages: install into a folder of our own
+      MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps --target "$PYDIR" . >>"$OUT/torch_install.log" 2>&1 &&
+        export PYTHONPATH="$PYDIR:${PYTHONPATH:-}"
     fi
-    SUMMARY+=("torch tests: exit $? ($(grep -E 'passed|failed|PASS|FAIL' "$OUT/torch_tests.txt" | tail -1))")
-    python3 examples/python/tp_mlp.py --ranks 2 >"$OUT/tp_mlp.txt" 2>&1
-    SUMMARY+=("tp_mlp 2 ranks: exit $? ($(tail -1 "$OUT/tp_mlp.txt"))")
-    python3 examples/python/tp_mlp.py --ranks 3 --tokens 8 --hidden 8192 >>"$OUT/tp_mlp.txt" 2>&1
-    SUMMARY+=("tp_mlp 3 ranks: exit $? ($(tail -1 "$OUT/tp_mlp.txt"))")
-    python3 bench/perf/torch_ops.py --ranks 2 --json "$OUT/torch_ops.json" >"$OUT/torch_ops.txt" 2>&1
-    SUMMARY+=("torch_ops bench: exit $?")
+    echo "install took $((SECONDS - t0)) s" >>"$OUT/torch_install.log"
+    so=$(cd /tmp && python3 -c 'import reccl._C as c; print(c.__file__)' 2>/dev/null)
+    [[ -n "$so" ]] && mkdir -p "$OUT/torch_so" && cp "$so" "$OUT/torch_so/"
   else
-    tail -30 "$OUT/torch_install.log"; SUMMARY+=("torch install: FAILED (torch_install.log)")
+    export PYTHONPATH="$ROOT/python:${PYTHONPATH:-}"
+  fi
+  if (cd /tmp && python3 -c 'import reccl.torch') >>"$OUT/torch_install.log" 2>&1; then
+    SUMMARY+=("torch package: ok ($(tail -1 "$OUT/torch_install.log"))")
+    if tpart quickstart; then
+      timeout 120 python3 examples/python/quickstart.py >"$OUT/quickstart.txt" 2>&1
+      SUMMARY+=("quickstart: exit $? ($(tail -1 "$OUT/quickstart.txt"))")
+    fi
+    if tpart tests; then
+      timeout ${TORCH_TESTS_TIMEOUT:-540} python3 python/tests/test_torch.py ${TORCH_SCENARIOS:-} >"$OUT/torch_tests.txt" 2>&1
+      SUMMARY+=("torch tests: exit $? ($(grep -c '^PASS' "$OUT/torch_tests.txt") PASS, $(grep -c '^FAIL' "$OUT/torch_tests.txt") FAIL)")
+    fi
+    if tpart examples; then
+      timeout 200 python3 examples/python/tp_mlp.py --ranks 2 >"$OUT/tp_mlp.txt" 2>&1
+      SUMMARY+=("tp_mlp 2 ranks: exit $? ($(tail -1 "$OUT/tp_mlp.txt"))")
+      timeout 200 python3 examples/python/tp_mlp.py --ranks 3 --tokens 8 --hidden 8192 >>"$OUT/tp_mlp.txt" 2>&1
+      SUMMARY+=("tp_mlp 3 ranks: exit $? ($(tail -1 "$OUT/tp_mlp.txt"))")
+    fi
+    if tpart bench; then
+      timeout 300 python3 bench/perf/torch_ops.py --ranks 2 --json "$OUT/torch_ops.json" >"$OUT/torch_ops.txt" 2>&1
+      SUMMARY+=("torch_ops bench: exit $?")
+    fi
+  else
+    tail -30 "$OUT/torch_install.log"; SUMMARY+=("torch package: FAILED (torch_install.log)")
   fi
 fi
 
@@ -434,6 +454,7 @@ for f in "$OUT"/ab_perf_*.txt; do [[ -f "$f" ]] && { echo "-- $(basename "$f")";
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
 [[ -f "$OUT/ab_table.txt" ]] && cat "$OUT/ab_table.txt"
 [[ -f "$OUT/fused_allreduce_rmsnorm.txt" ]] && cat "$OUT/fused_allreduce_rmsnorm.txt"
+[[ -f "$OUT/torch_tests.txt" ]] && grep -E '^(PASS|FAIL)' "$OUT/torch_tests.txt"
 [[ -f "$OUT/torch_ops.txt" ]] && cat "$OUT/torch_ops.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"
 if ls "$OUT"/*.json >/dev/null 2>&1; then

@@ -7,9 +7,14 @@
     ratio torch / C++.
   * eager host time: microseconds of host time per call while issuing CALLS calls per rank (no
     synchronisation inside the timed loop): the operator (torch.ops), the Python method
-    (comm.all_reduce_, with its error translation), the out-of-place operator, and C++.
+    (comm.all_reduce_, with its error translation), the out-of-place operator, C++, and the launch
+    of an empty kernel (the floor under all of them).
+  * adaptive lane (--adaptive, default on): the same graphs on a communicator with
+    allocator="texcp", telemetry="stalls" against the default one (torch ops both, interleaved), at
+    sizes above the one-shot limit; and the false faults: adaptive collectives that recovered a VT
+    although nothing was injected (comm.recovered()), and the faulted VTs in the reports held.
 
-    python3 bench/perf/torch_ops.py [--ranks 2] [--json out.json]
+    python3 bench/perf/torch_ops.py [--ranks 2] [--json out.json] [--no-adaptive]
 """
 
 import argparse
@@ -23,6 +28,7 @@ import reccl.torch as rt
 from reccl import _C
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+ADAPTIVE_SIZES = (4 << 20, 16 << 20)
 
 
 class TorchGraphs:
@@ -77,6 +83,50 @@ def host_us_ops(comms, xs, calls, fn):
     return 1e6 * total / (calls * len(comms))
 
 
+def interleaved(a, sets):
+    """Median us per call of each graph set, timed in a.pairs interleaved batches (each first in turn)."""
+    times = [[] for _ in sets]
+    for p in range(a.pairs):
+        order = range(len(sets)) if p % 2 == 0 else reversed(range(len(sets)))
+        for i in order:
+            times[i] += list(sets[i].time(a.reps))
+    return [statistics.median(t) for t in times]
+
+
+def adaptive_rows(a):
+    """The adaptive lane (texcp, stalls) against the fast path, and its false faults."""
+    plain = rt.Communicator.loopback(a.ranks, fused_max_tokens=0)
+    ad = rt.Communicator.loopback(a.ranks, fused_max_tokens=0, allocator="texcp", telemetry="stalls")
+    rows = []
+    for nbytes in ADAPTIVE_SIZES:
+        n = nbytes // 2
+        xs = [torch.randn(n, device="cuda").to(torch.bfloat16) for _ in plain]
+        want = sum(x.float() for x in xs)
+        outs, streams = [], [torch.cuda.Stream() for _ in ad]
+        for c, x, s in zip(ad, xs, streams):
+            with torch.cuda.stream(s):
+                outs.append(c.all_reduce(x))
+        torch.cuda.synchronize()
+        for o in outs:
+            torch.testing.assert_close(o.float(), want, rtol=1e-2, atol=5e-2)
+        iters = max(10, a.iters * (1 << 20) // nbytes)
+        tp, ta = TorchGraphs(plain, xs, iters), TorchGraphs(ad, xs, iters)
+        t_plain, t_ad = interleaved(a, [tp, ta])
+        del tp, ta
+        for c in plain + ad:
+            c.check()
+        rows.append({"bytes": nbytes, "fast_path_us": t_plain, "adaptive_us": t_ad, "ratio": t_ad / t_plain, "iters": iters})
+    torch.cuda.synchronize()
+    epochs = int(ad[0]._c.adaptive_epoch())
+    held = ad[0].reports(since=max(0, epochs - 256))
+    summary = {"collectives": epochs, "recovered": ad[0].recovered(), "reports_held": len(held),
+               "reports_with_faulted_vts": sum(1 for r in held if r["faulted"]),
+               "last_share": held[-1]["share"] if held else []}
+    for c in plain + ad:
+        c.close()
+    return rows, summary
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
@@ -85,6 +135,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=10, help="torch/C++ measurements interleaved per size")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--json")
+    ap.add_argument("--no-adaptive", dest="adaptive", action="store_false")
     a = ap.parse_args()
 
     comms = rt.Communicator.loopback(a.ranks, fused_max_tokens=0)
@@ -104,43 +155,48 @@ def main():
             c.check()
         for o in outs:
             torch.testing.assert_close(o.float(), want.float(), rtol=1e-2, atol=1e-2)
-        t_torch, t_cpp = [], []
         tg, cg = TorchGraphs(comms, xs, a.iters), _C._CppGraphs([c._c for c in comms], xs, a.iters)
-        for p in range(a.pairs):  # interleaved, each first in turn, so drift and warm-up hit both alike
-            if p % 2 == 0:
-                t_torch += tg.time(a.reps)
-                t_cpp += list(cg.time(a.reps))
-            else:
-                t_cpp += list(cg.time(a.reps))
-                t_torch += tg.time(a.reps)
+        t_torch, t_cpp = interleaved(a, [tg, cg])  # each first in turn: drift and warm-up hit both alike
         del tg, cg
         for c in comms:
             c.check()
-        row = {"bytes": nbytes, "graph_torch_us": statistics.median(t_torch), "graph_cpp_us": statistics.median(t_cpp)}
+        row = {"bytes": nbytes, "graph_torch_us": t_torch, "graph_cpp_us": t_cpp}
         row["graph_ratio"] = row["graph_torch_us"] / row["graph_cpp_us"]
         row["host_op_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: torch.ops.reccl.all_reduce_(c.handle, x, "sum"))
         row["host_method_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: c.all_reduce_(x))
         row["host_out_of_place_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: torch.ops.reccl.all_reduce(c.handle, x, "sum"))
         row["host_method_out_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: c.all_reduce(x))
         row["host_cpp_us"] = _C._host_us_cpp([c._c for c in comms], xs, a.calls)
+        row["host_empty_launch_us"] = _C._empty_launch_us(comms[0].device.index, a.calls)
         for c in comms:
             c.check()
         rows.append(row)
     for c in comms:
         c.close()
+    ad_rows, ad_summary = adaptive_rows(a) if a.adaptive else ([], {})
 
     print(f"reccl.torch on {a.ranks} loopback ranks, {torch.cuda.get_device_name()}, bf16 in-place all-reduce")
     print("host us per call: op = torch.ops.reccl.all_reduce_, method = comm.all_reduce_ (eager fast path),")
-    print("op out / method out = the out-of-place all_reduce, C++ = comm->all_reduce from C++")
-    print(f"{'bytes':>10} {'graph torch us':>15} {'graph C++ us':>13} {'ratio':>7} {'op':>6} {'method':>7} {'op out':>7} {'method out':>11} {'C++':>6}")
+    print("op out / method out = the out-of-place all_reduce, C++ = comm->all_reduce from C++, empty = an empty kernel's launch")
+    print(f"{'bytes':>10} {'graph torch us':>15} {'graph C++ us':>13} {'ratio':>7} {'op':>6} {'method':>7} {'op out':>7} "
+          f"{'method out':>11} {'C++':>6} {'empty':>6}")
     for r in rows:
         print(f"{r['bytes']:>10} {r['graph_torch_us']:>15.2f} {r['graph_cpp_us']:>13.2f} {r['graph_ratio']:>7.3f} "
               f"{r['host_op_us']:>6.2f} {r['host_method_us']:>7.2f} {r['host_out_of_place_us']:>7.2f} {r['host_method_out_us']:>11.2f} "
-              f"{r['host_cpp_us']:>6.2f}")
+              f"{r['host_cpp_us']:>6.2f} {r['host_empty_launch_us']:>6.2f}")
+    if ad_rows:
+        print("adaptive lane (allocator texcp, telemetry stalls) against the fast path, graphs of torch ops, us per call:")
+        print(f"{'bytes':>10} {'fast path':>10} {'adaptive':>9} {'ratio':>7}")
+        for r in ad_rows:
+            print(f"{r['bytes']:>10} {r['fast_path_us']:>10.2f} {r['adaptive_us']:>9.2f} {r['ratio']:>7.3f}")
+        print(f"false faults: {ad_summary['recovered']} of {ad_summary['collectives']} adaptive collectives recovered a VT "
+              f"(nothing injected); {ad_summary['reports_with_faulted_vts']} of the {ad_summary['reports_held']} reports held "
+              f"name a faulted VT")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"ranks": a.ranks, "iters": a.iters, "reps": a.reps, "pairs": a.pairs, "calls": a.calls,
-                       "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+                       "adaptive_rows": ad_rows, "adaptive_summary": ad_summary}, f, indent=1)
 
 
 if __name__ == "__main__":

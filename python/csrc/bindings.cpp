@@ -287,14 +287,64 @@ struct py_comm {
 
 std::int64_t handle_of(py_comm const& p) { return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&p.get())); }
 
-options make_options(std::int32_t max_ctas, double timeout_s, std::uint32_t fused_max_tokens, std::uint32_t fused_max_hidden) {
-  if (!(timeout_s > 0)) throw reccl::error(reccl::status::invalid_argument, "timeout must be > 0 seconds");
+/// The creation options as Python passes them (keyword names of reccl.torch.Communicator).
+options make_options(py::dict const& kw) {
   options o;
-  o.max_ctas = max_ctas;
-  o.timeout_ns = static_cast<std::uint64_t>(timeout_s * 1e9);
-  o.fused_max_tokens = fused_max_tokens;
-  o.fused_max_hidden = fused_max_hidden;
+  for (auto item : kw) {
+    std::string const k = item.first.cast<std::string>();
+    py::handle v = item.second;
+    if (k == "max_ctas") o.max_ctas = v.cast<std::int32_t>();
+    else if (k == "timeout") {
+      double const t = v.cast<double>();
+      if (!(t > 0)) throw reccl::error(reccl::status::invalid_argument, "timeout must be > 0 seconds");
+      o.timeout_ns = static_cast<std::uint64_t>(t * 1e9);
+    } else if (k == "fused_max_tokens") o.fused_max_tokens = v.cast<std::uint32_t>();
+    else if (k == "fused_max_hidden") o.fused_max_hidden = v.cast<std::uint32_t>();
+    else if (k == "allocator") o.allocator = v.cast<std::string>();
+    else if (k == "telemetry") o.telemetry = v.cast<std::string>();
+    else if (k == "vts") o.vts = v.cast<std::int32_t>();
+    else if (k == "transport") o.transport = v.cast<std::string>();
+    else throw reccl::error(reccl::status::invalid_argument, "unknown option '" + k + "'");
+  }
   return o;
+}
+
+std::vector<int> bits(std::uint32_t mask) {
+  std::vector<int> out;
+  for (int i = 0; i < 32; ++i)
+    if ((mask >> i) & 1u) out.push_back(i);
+  return out;
+}
+
+/// One adaptive collective's report as a dict (docs/pytorch.md lists the keys).
+py::dict report_dict(reccl::epoch_report const& r) {
+  py::dict d;
+  auto const n = static_cast<std::size_t>(r.n_vts);
+  std::vector<double> share(n), gbps(n);
+  std::vector<std::uint64_t> bytes(n), stalls(n), time_ns(n), count(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    share[i] = static_cast<double>(r.share[i]) / static_cast<double>(reccl::share_one);
+    bytes[i] = r.bytes[i];
+    stalls[i] = r.stalls[i];
+    time_ns[i] = r.time_ns[i];
+    gbps[i] = static_cast<double>(r.bw_mbps[i]) / 1000.0;
+    count[i] = r.split.count[i];
+  }
+  d["epoch"] = r.epoch;
+  d["status"] = std::string(reccl::name(r.st));
+  d["vts"] = r.n_vts;
+  d["ranks"] = r.nranks;
+  d["share"] = share;
+  d["elements"] = count;
+  d["bytes"] = bytes;
+  d["stalls"] = stalls;
+  d["time_ns"] = time_ns;
+  d["gbps"] = gbps;
+  d["masked"] = bits(r.masked_mask);
+  d["faulted"] = bits(r.fault_mask);
+  d["probed"] = bits(r.probe_mask);
+  d["rejoined"] = bits(r.rejoined_mask);
+  return d;
 }
 
 }  // namespace
@@ -347,10 +397,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return e;
   }, "The reccl error the last failing operator on this thread raised (then forgets it), or None.");
 
-  m.def("memory_bound", [](int nranks, std::int32_t max_ctas, double timeout_s, std::uint32_t fused_max_tokens,
-                           std::uint32_t fused_max_hidden) {
-    return memory_bound(nranks, make_options(max_ctas, timeout_s, fused_max_tokens, fused_max_hidden));
-  });
+  m.def("memory_bound", [](int nranks, py::kwargs kw) { return memory_bound(nranks, make_options(kw)); });
 
   py::class_<py_comm>(m, "Comm")
       .def("handle", [](py_comm const& p) { return handle_of(p); })
@@ -375,6 +422,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return p.c && p.c->is_registered(reinterpret_cast<void const*>(static_cast<std::intptr_t>(ptr)), bytes);
       })
       .def("closed", [](py_comm const& p) { return !p.c || p.c->closed(); })
+      .def("adaptive", [](py_comm const& p) { return p.get().adaptive(); })
+      .def("adaptive_epoch", [](py_comm const& p) { return p.get().adaptive_epoch(); })
+      .def("recovered", [](py_comm const& p) { return p.get().recovered(); })
+      .def("reports", [](py_comm const& p, std::uint64_t from, std::uint64_t to) {
+        py::list out;
+        for (auto const& r : p.get().reports(from, to)) out.append(report_dict(r));
+        return out;
+      })
       // The operators' implementations called straight from Python, without the dispatcher: what
       // reccl.torch's methods use eagerly on plain tensors (torch.compile and tensor subclasses go
       // through torch.ops.reccl). Same checks, same errors (take_last_error), same launches.
@@ -393,8 +448,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         p.c->close();
       });
 
-  m.def("create", [](int rank, int nranks, py::function exchange, std::int32_t max_ctas, double timeout_s,
-                     std::uint32_t fused_max_tokens, std::uint32_t fused_max_hidden) {
+  m.def("create", [](int rank, int nranks, py::function exchange, py::kwargs kw) {
     // Called with the GIL held (pybind11), and so is every exchange: creation and close() run the
     // callable on this thread. exchange(mine: bytes) -> bytes of every rank's `mine`, rank order.
     exchange_fn ex = [exchange, nranks](void const* mine, void* all, std::size_t bytes) {
@@ -406,8 +460,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                         std::to_string(bytes));
       std::memcpy(all, s.data(), s.size());
     };
-    return std::make_unique<py_comm>(comm::create(rank, nranks, std::move(ex),
-                                                  make_options(max_ctas, timeout_s, fused_max_tokens, fused_max_hidden)));
+    return std::make_unique<py_comm>(comm::create(rank, nranks, std::move(ex), make_options(kw)));
   });
 
   // Measurement helpers (bench/perf/torch_ops.py): the same collective called from C++.
@@ -458,9 +511,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::chrono::duration<double, std::micro>(t1 - t0).count() / (static_cast<double>(calls) * static_cast<double>(n));
   });
 
-  m.def("create_loopback", [](int nranks, int device, std::int32_t max_ctas, double timeout_s, std::uint32_t fused_max_tokens,
-                              std::uint32_t fused_max_hidden) {
-    auto comms = comm::create_loopback(nranks, device, make_options(max_ctas, timeout_s, fused_max_tokens, fused_max_hidden));
+  m.def("_empty_launch_us", &empty_launch_us, "Host us per empty-kernel launch (the floor under the eager host time).");
+
+  m.def("create_loopback", [](int nranks, int device, py::kwargs kw) {
+    auto comms = comm::create_loopback(nranks, device, make_options(kw));
     py::list out;
     for (auto& c : comms) out.append(py::cast(std::make_unique<py_comm>(std::move(c))));
     return out;

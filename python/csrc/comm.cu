@@ -2,22 +2,30 @@
 // translation unit that instantiates device code.
 #include "comm.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstring>
 #include <string>
 #include <utility>
 
+#include <reccl/host/adaptive.hpp>
 #include <reccl/host/communicator.hpp>
 #include <reccl/host/p2p.hpp>
 
+#include "adaptive.hpp"
 #include "fused_allreduce_rmsnorm.cuh"
 
 namespace reccl_torch {
 
 namespace {
 
+// Lane 0: the fast path; lane 1: the adaptive lane, when the policies ask for one.
+constexpr int adaptive_lane_index = 1;
+
 reccl::nvlink_config nvlink_options(options const& o) {
   reccl::nvlink_config c;
-  c.lanes = 1;
+  c.lanes = wants_adaptive(o) ? 2 : 1;
   c.max_ctas = o.max_ctas;
   c.timeout_ns = o.timeout_ns;
   return c;
@@ -42,17 +50,80 @@ reccl::p2p_config fused_config(int nranks, options const& o) {
   return c;
 }
 
+reccl::adaptive_options lane_options(options const& o) {
+  reccl::adaptive_options a;
+  a.lane = adaptive_lane_index;
+  a.vts = o.vts;
+  // the lane's own deadline for a VT that stalls while another finished stays below the
+  // communicator's timeout (adaptive_lane's rule), and never above its 2 ms default
+  a.vt_timeout_ns = std::min<std::uint64_t>(a.vt_timeout_ns, o.timeout_ns / 2);
+  return a;
+}
+
 void check_options(options const& o) {
+  if (o.transport != "p2p" && o.transport != "nccl")
+    throw reccl::error(reccl::status::invalid_argument, "transport '" + o.transport + "' is not available; this build has p2p and nccl");
+  (void)wants_adaptive(o);
   if (o.fused_max_tokens > 0 && fused::packs_per_thread(o.fused_max_hidden) == 0)
     throw reccl::error(reccl::status::invalid_argument,
                        "fused_max_hidden must be a multiple of 256 that splits into at most 512 threads of 1, 2 or 4 packs");
 }
 
+__global__ void empty_kernel() {}
+
 }  // namespace
+
+double empty_launch_us(int device, int calls) {
+  RECCL_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(32);
+  cfg.stream = s;
+  RECCL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, empty_kernel));  // loads the kernel before the clock starts
+  RECCL_CUDA_CHECK(cudaStreamSynchronize(s));
+  auto const t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) RECCL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, empty_kernel));
+  auto const t1 = std::chrono::steady_clock::now();
+  RECCL_CUDA_CHECK(cudaStreamSynchronize(s));
+  RECCL_CUDA_CHECK(cudaStreamDestroy(s));
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / calls;
+}
+
+std::vector<std::string> const& adaptive_allocators() {
+  static std::vector<std::string> const names{"equal", "proportional", "texcp", "aimd"};
+  return names;
+}
+
+bool wants_adaptive(options const& o) {
+  auto bad = [](std::string const& why) { throw reccl::error(reccl::status::invalid_argument, why); };
+  auto const& names = adaptive_allocators();
+  if (std::find(names.begin(), names.end(), o.allocator) == names.end())
+    bad("allocator '" + o.allocator + "' is not available; this build has equal, proportional, texcp and aimd");
+  if (o.telemetry != "none" && o.telemetry != "stalls")
+    bad("telemetry '" + o.telemetry + "' is not available; this build has none and stalls");
+  if (o.allocator == "equal" && o.telemetry == "none") return false;
+  if (o.telemetry == "none") bad("allocator '" + o.allocator + "' adapts from measurements: it needs telemetry 'stalls'");
+  if (o.vts < 1 || o.vts > reccl::max_vts) bad("vts must be in [1, " + std::to_string(reccl::max_vts) + "]");
+  return true;
+}
+
+std::unique_ptr<adaptive_path> make_adaptive_path(std::string const& allocator, std::string const& telemetry,
+                                                  reccl::nvlink_communicator& c, reccl::adaptive_options const& o) {
+  if (telemetry != "stalls") throw reccl::error(reccl::status::invalid_argument, "the adaptive lane needs telemetry 'stalls'");
+  if (allocator == "equal") return make_adaptive_equal(c, o);
+  if (allocator == "proportional") return make_adaptive_proportional(c, o);
+  if (allocator == "texcp") return make_adaptive_texcp(c, o);
+  if (allocator == "aimd") return make_adaptive_aimd(c, o);
+  throw reccl::error(reccl::status::invalid_argument, "allocator '" + allocator + "' is not available");
+}
 
 struct comm::impl {
   std::shared_ptr<std::atomic<bool>> alone = std::make_shared<std::atomic<bool>>(false);
+  ncclComm_t nccl = nullptr;  // transport "nccl" only: the communicator nv is built on
   std::unique_ptr<reccl::nvlink_communicator> nv;
+  std::unique_ptr<adaptive_path> lane;  // with adaptive policies only
   std::unique_ptr<reccl::p2p_communicator> p2p;
   std::unique_ptr<fused::fused_allreduce_rmsnorm> fused;
   options opt;
@@ -61,14 +132,53 @@ struct comm::impl {
   void require_open() const {
     if (!nv) throw reccl::error(reccl::status::invalid_argument, "reccl.torch: the communicator is closed");
   }
+  /// Collective (close()): every rank's windows are deregistered, then the NCCL communicator ends.
   void teardown() {
     fused.reset();
     p2p.reset();
+    lane.reset();
     nv.reset();
+    if (nccl != nullptr) {
+      RECCL_NCCL_CHECK(nccl, ncclCommFinalize(nccl));
+      RECCL_NCCL_CHECK(nccl, ncclCommDestroy(nccl));
+      nccl = nullptr;
+    }
+  }
+  adaptive_path& require_lane() const {
+    require_open();
+    if (!lane)
+      throw reccl::error(reccl::status::invalid_argument,
+                         "reccl.torch: no adaptive lane (created with allocator 'equal' and telemetry 'none')", nv->rank());
+    return *lane;
+  }
+  /// Whether a call of `bytes` (nccl-tests' message size) runs on the adaptive lane: it depends on
+  /// what every rank passes alike (sizes, dtype), never on its buffers, so all ranks take one lane.
+  bool routes(reccl::collective c, std::size_t count, reccl::dtype t) const {
+    if (!lane || count == 0) return false;
+    bool const reducing = reccl::reduces(c);
+    std::uint64_t const seg = static_cast<std::uint64_t>(count) * reccl::size_of(t);
+    std::uint64_t const bytes = c == reccl::collective::all_reduce || c == reccl::collective::broadcast
+                                    ? seg : seg * static_cast<std::uint64_t>(nv->size());
+    return bytes > one_shot_max(t, reducing);
+  }
+  std::uint64_t one_shot_max(reccl::dtype t, bool reducing) const {
+    reccl::tuning const& tu = nv->config().tune;
+    bool const lamport = reducing && (t == reccl::dtype::float32 || t == reccl::dtype::float16 || t == reccl::dtype::bfloat16);
+    return lamport ? tu.one_shot_max_bytes : tu.ll_max_bytes;
   }
   ~impl() {
     // Not closed collectively: release without waiting for peers (their exchanges would never come).
     alone->store(true);
+    if (nccl != nullptr) {
+      // NCCL's window deregistration waits for the peers: abort the NCCL communicator and leave the
+      // windows (their memory is released with the process)
+      fused.reset();
+      p2p.reset();
+      lane.reset();
+      (void)nv.release();
+      RECCL_NCCL_REPORT(ncclCommAbort(nccl));
+      return;
+    }
     teardown();
   }
 };
@@ -94,12 +204,28 @@ std::unique_ptr<comm> comm::create(int rank, int nranks, exchange_fn exchange, o
       throw reccl::error(reccl::status::internal, "reccl.torch: communicator released without close(); not waiting for peers");
     exchange(mine, all, bytes);
   };
-  p->nv = std::make_unique<reccl::nvlink_communicator>(
-      reccl::nvlink_communicator::create_p2p(rank, nranks, ex, nvlink_options(o)));
+  if (o.transport == "nccl") {
+    // rank 0's unique id, over the exchange; then NCCL's own bootstrap (blocking until every rank is in)
+    ncclUniqueId id{};
+    if (rank == 0) RECCL_NCCL_CHECK(nullptr, ncclGetUniqueId(&id));
+    std::vector<char> ids(sizeof(id) * static_cast<std::size_t>(nranks));
+    ex(&id, ids.data(), sizeof(id));
+    std::memcpy(&id, ids.data(), sizeof(id));  // rank 0's
+    ncclComm_t nc = nullptr;  // a failed init may leave it half set: only a successful one is kept
+    RECCL_NCCL_CHECK(nullptr, ncclCommInitRank(&nc, nranks, id, rank));
+    p->nccl = nc;
+    p->nv = std::make_unique<reccl::nvlink_communicator>(reccl::nvlink_communicator::create(p->nccl, nvlink_options(o)));
+  } else {
+    p->nv = std::make_unique<reccl::nvlink_communicator>(
+        reccl::nvlink_communicator::create_p2p(rank, nranks, ex, nvlink_options(o)));
+  }
+  if (wants_adaptive(o)) p->lane = make_adaptive_path(o.allocator, o.telemetry, *p->nv, lane_options(o));
   if (o.fused_max_tokens > 0) {
     p->p2p = std::make_unique<reccl::p2p_communicator>(reccl::p2p_communicator::create(rank, nranks, ex, fused_config(nranks, o)));
     p->fused = std::make_unique<fused::fused_allreduce_rmsnorm>(*p->p2p, fused_limits(o));
-    // Every rank's sentinel fill is done before any rank's first fused call.
+  }
+  if (p->lane || p->fused) {
+    // Every rank's lane state and sentinel fill are in place before any rank's first call.
     char one = 1;
     std::vector<char> all(static_cast<std::size_t>(nranks));
     ex(&one, all.data(), 1);
@@ -109,6 +235,8 @@ std::unique_ptr<comm> comm::create(int rank, int nranks, exchange_fn exchange, o
 
 std::vector<std::unique_ptr<comm>> comm::create_loopback(int nranks, int device, options const& o) {
   check_options(o);
+  if (o.transport != "p2p")
+    throw reccl::error(reccl::status::invalid_argument, "loopback ranks share one GPU: they use the p2p transport (NCCL refuses two ranks on one GPU)");
   auto nv = reccl::nvlink_communicator::create_loopback(nranks, device, nvlink_options(o));
   std::vector<reccl::p2p_communicator> p2p;
   if (o.fused_max_tokens > 0) p2p = reccl::p2p_communicator::create_loopback(nranks, device, fused_config(nranks, o));
@@ -118,6 +246,7 @@ std::vector<std::unique_ptr<comm>> comm::create_loopback(int nranks, int device,
     p->opt = o;
     p->loopback = true;
     p->nv = std::make_unique<reccl::nvlink_communicator>(std::move(nv[static_cast<std::size_t>(r)]));
+    if (wants_adaptive(o)) p->lane = make_adaptive_path(o.allocator, o.telemetry, *p->nv, lane_options(o));
     if (o.fused_max_tokens > 0) {
       p->p2p = std::make_unique<reccl::p2p_communicator>(std::move(p2p[static_cast<std::size_t>(r)]));
       fused::limits lim = fused_limits(o);
@@ -138,22 +267,27 @@ bool comm::loopback() const { return p_->loopback; }
 
 void comm::all_reduce(void const* in, void* out, std::size_t count, reccl::dtype t, reccl::redop op, cudaStream_t s) {
   p_->require_open();
+  if (p_->routes(reccl::collective::all_reduce, count, t)) return p_->lane->all_reduce(in, out, count, t, op, s);
   p_->nv->all_reduce(in, out, count, t, op, s);
 }
 void comm::reduce_scatter(void const* in, void* out, std::size_t count, reccl::dtype t, reccl::redop op, cudaStream_t s) {
   p_->require_open();
+  if (p_->routes(reccl::collective::reduce_scatter, count, t)) return p_->lane->reduce_scatter(in, out, count, t, op, s);
   p_->nv->reduce_scatter(in, out, count, t, op, s);
 }
 void comm::all_gather(void const* in, void* out, std::size_t count, reccl::dtype t, cudaStream_t s) {
   p_->require_open();
+  if (p_->routes(reccl::collective::all_gather, count, t)) return p_->lane->all_gather(in, out, count, t, s);
   p_->nv->all_gather(in, out, count, t, s);
 }
 void comm::broadcast(void const* in, void* out, std::size_t count, reccl::dtype t, int root, cudaStream_t s) {
   p_->require_open();
+  if (p_->routes(reccl::collective::broadcast, count, t)) return p_->lane->broadcast(in, out, count, t, root, s);
   p_->nv->broadcast(in, out, count, t, root, s);
 }
 void comm::all_to_all(void const* in, void* out, std::size_t count, reccl::dtype t, cudaStream_t s) {
   p_->require_open();
+  if (p_->routes(reccl::collective::all_to_all, count, t)) return p_->lane->all_to_all(in, out, count, t, s);
   p_->nv->all_to_all(in, out, count, t, s);
 }
 
@@ -188,8 +322,29 @@ std::uint64_t comm::memory_bytes() const {
 
 void comm::check() const {
   p_->require_open();
-  p_->nv->check();
+  try {
+    p_->nv->check();
+  } catch (reccl::error const& e) {
+    // the adaptive lane knows which VT failed, where it knows
+    std::uint32_t const info = p_->lane ? p_->lane->error_info() : 0u;
+    if (info == 0) throw;
+    int const vt = static_cast<int>(info & 0xffffu) - 1;
+    int const who = e.rank() >= 0 ? e.rank() : static_cast<int>(info >> 16);
+    if (vt < 0 && who == e.rank()) throw;
+    throw reccl::error(e.code(), vt >= 0 ? e.detail() + " (on VT " + std::to_string(vt) + ")" : e.detail(), who, vt);
+  }
   if (p_->p2p) p_->p2p->check();
+}
+
+bool comm::adaptive() const { return p_->lane != nullptr; }
+std::uint64_t comm::adaptive_min_bytes(reccl::dtype t, bool reduces) const {
+  p_->require_lane();
+  return p_->one_shot_max(t, reduces);
+}
+std::uint64_t comm::adaptive_epoch() const { return p_->require_lane().epoch(); }
+std::uint64_t comm::recovered() const { return p_->require_lane().recovered(); }
+std::vector<reccl::epoch_report> comm::reports(std::uint64_t from, std::uint64_t to) const {
+  return p_->require_lane().reports(from, to);
 }
 
 void comm::close() {

@@ -4,9 +4,14 @@
 //
 // One rank of a P2P communicator (CUDA IPC windows set up over the caller's all-gather, no NCCL
 // communicator), or one of N loopback ranks on one GPU driven from one process:
-//   * the five collectives run on reccl::nvlink_communicator's fast-path kernels (its tuning table
+//   * the five collectives run on reccl::nvlink_communicator's fast-path kernels, on CUDA IPC
+//     windows or, with transport "nccl", on an NCCL communicator's symmetric windows (its tuning table
 //     picks the algorithm per size; RECCL_DTYPES limits the reducing kernels to int32, fp16, bf16
 //     and fp32);
+//   * with adaptive policies (an allocator other than "equal", or telemetry "stalls"), the
+//     collectives above the one-shot sizes run on an adaptive lane instead (adaptive.hpp): the
+//     message split over VTs by the allocator, from the telemetry, dead VTs masked and re-probed,
+//     a report per collective;
 //   * fused_add_rms_norm_all_reduce runs examples/03_fused_allreduce_rmsnorm's kernel on its own
 //     reccl::p2p_communicator (bf16), when fused_max_tokens > 0.
 // Every call is stream-ordered and capturable; host-side refusals throw reccl::error before
@@ -20,8 +25,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include <reccl/policy/epoch.hpp>
 #include <reccl/types.hpp>
 
 namespace reccl_torch {
@@ -31,11 +38,22 @@ using exchange_fn = std::function<void(void const* mine, void* all, std::size_t 
 
 /// Sizes fixed at creation; equal on every rank (checked at creation).
 struct options {
+  /// "p2p": CUDA IPC windows exchanged over the caller's all-gather (any ranks, also ranks that
+  /// share a GPU); "nccl": an NCCL communicator built over the same exchange, with the fast path on
+  /// its symmetric windows (one rank per GPU: NCCL refuses two ranks on one GPU).
+  std::string transport = "p2p";
   std::int32_t max_ctas = 64;             ///< largest grid of a collective (scratch grows with it)
   std::uint64_t timeout_ns = 10'000'000'000ull;  ///< every device-side wait gives up after this
   std::uint32_t fused_max_tokens = 512;   ///< rows of the fused op (0: no fused op, no memory for it)
   std::uint32_t fused_max_hidden = 8192;  ///< its largest hidden size (a multiple of 256)
+  std::string allocator = "equal";        ///< equal, proportional, texcp or aimd
+  std::string telemetry = "none";         ///< none or stalls (every allocator but equal needs stalls)
+  std::int32_t vts = 8;                   ///< VTs of the adaptive lane
 };
+
+/// Whether these options ask for an adaptive lane (anything but allocator "equal" with telemetry
+/// "none"); throws reccl::error(invalid_argument) for names this build does not have.
+bool wants_adaptive(options const& o);
 
 /// Device memory one rank's communicator holds on its GPU with these options (peer mappings not
 /// counted), before any buffer from allocate().
@@ -77,6 +95,16 @@ class comm {
   bool is_registered(void const* p, std::size_t bytes) const;
 
   std::uint64_t memory_bytes() const;
+
+  // ---- the adaptive lane (only with adaptive policies; otherwise these throw)
+  bool adaptive() const;
+  /// Collectives at most this many bytes (nccl-tests' message size) stay on the one-shot fast path.
+  std::uint64_t adaptive_min_bytes(reccl::dtype t, bool reduces) const;
+  /// Index of the next adaptive collective; the report of collective e is written when e+1 runs.
+  std::uint64_t adaptive_epoch() const;
+  std::uint64_t recovered() const;
+  /// Reports of adaptive collectives [from, to) that are written and still held (the last 256).
+  std::vector<reccl::epoch_report> reports(std::uint64_t from, std::uint64_t to) const;
   /// Throws reccl::error for a fault recorded on the device (timeout, mismatch, a peer's
   /// rejection), naming the rank. Reads device memory (synchronous with respect to the host).
   void check() const;
@@ -91,5 +119,9 @@ class comm {
   explicit comm(std::unique_ptr<impl> p);
   std::unique_ptr<impl> p_;
 };
+
+/// Host microseconds per launch of an empty kernel (cudaLaunchKernelEx, one CTA) on a stream of
+/// `device`, over `calls` launches: the floor under any operator's eager host time (benchmarks).
+double empty_launch_us(int device, int calls);
 
 }  // namespace reccl_torch

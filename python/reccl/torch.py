@@ -31,17 +31,20 @@ from ._errors import Error
 
 __all__ = ["Communicator", "Error", "memory_bound"]
 
-_ALLOCATORS = ("equal",)
-_TELEMETRY = ("none",)
-_TRANSPORTS = ("p2p",)
+_ALLOCATORS = ("equal", "proportional", "texcp", "aimd")
+_TELEMETRY = ("none", "stalls")
+_TRANSPORTS = ("p2p", "nccl")
 
 # handle -> rank count, for the fake implementations (they see only the handle)
 _world_of: dict = {}
 
 
-def memory_bound(world_size: int, *, max_ctas: int = 64, fused_max_tokens: int = 512, fused_max_hidden: int = 8192) -> int:
+def memory_bound(world_size: int, *, max_ctas: int = 64, fused_max_tokens: int = 512, fused_max_hidden: int = 8192,
+                 allocator: str = "equal", telemetry: str = "none", vts: int = 8) -> int:
     """Device bytes one rank's communicator holds with these options, before :meth:`Communicator.empty`."""
-    return int(_C.memory_bound(world_size, max_ctas, 1.0, fused_max_tokens, fused_max_hidden))
+    _check_policies("p2p", allocator, telemetry)
+    return int(_C.memory_bound(world_size, max_ctas=max_ctas, fused_max_tokens=fused_max_tokens,
+                               fused_max_hidden=fused_max_hidden, allocator=allocator, telemetry=telemetry, vts=vts))
 
 
 def _raise_recorded(e: RuntimeError):
@@ -69,6 +72,8 @@ def _check_policies(transport: str, allocator: str, telemetry: str):
                                ("telemetry", telemetry, _TELEMETRY)):
         if value not in known:
             raise ValueError(f"reccl.torch: {what}={value!r} is not available; this version has {', '.join(known)}")
+    if allocator != "equal" and telemetry == "none":
+        raise ValueError(f"reccl.torch: allocator={allocator!r} adapts from measurements: it needs telemetry='stalls'")
 
 
 class Communicator:
@@ -81,13 +86,22 @@ class Communicator:
     Options (equal on every rank): ``max_ctas`` (largest grid; the scratch memory grows with it),
     ``timeout`` (seconds a GPU-side wait gives up after), ``fused_max_tokens`` and
     ``fused_max_hidden`` (the fused op's limits; 0 tokens: no fused op and no memory for it).
-    ``transport``, ``allocator`` and ``telemetry`` name the policies; this version has the P2P
-    transport (CUDA IPC windows), the equal split and no telemetry.
+
+    Policies, by name (each maps to a compiled type): ``transport`` is ``"p2p"`` (CUDA IPC windows
+    exchanged over the group; ranks may share a GPU) or ``"nccl"`` (an NCCL communicator built over
+    the group, the fast path on its symmetric windows; one rank per GPU, as NCCL requires);
+    ``allocator`` (``"equal"``, ``"proportional"``, ``"texcp"``, ``"aimd"``) and ``telemetry``
+    (``"none"``, ``"stalls"``) choose the adaptive lane. With the defaults (equal, none) every
+    collective runs on the fast path. With any other pair, collectives above the one-shot sizes
+    (1 MiB) run on an adaptive lane of ``vts`` VTs: the allocator splits each message over the VTs
+    from the measured stalls, a VT that stops is masked within the same collective (the result
+    stays right) and re-probed later, and :meth:`reports` returns what each collective did. Every
+    allocator but ``"equal"`` needs ``telemetry="stalls"``.
     """
 
     def __init__(self, group=None, *, device: Optional[int] = None, max_ctas: int = 64, timeout: float = 10.0,
                  fused_max_tokens: int = 512, fused_max_hidden: int = 8192, transport: str = "p2p",
-                 allocator: str = "equal", telemetry: str = "none", _native=None):
+                 allocator: str = "equal", telemetry: str = "none", vts: int = 8, _native=None):
         _check_policies(transport, allocator, telemetry)
         if _native is not None:
             self._c = _native
@@ -96,21 +110,30 @@ class Communicator:
             rank, world = dist.get_rank(group), dist.get_world_size(group)
             device = torch.cuda.current_device() if device is None else int(device)
             with torch.cuda.device(device):
-                self._c = _C.create(rank, world, _group_exchange(group, world, device), max_ctas, float(timeout),
-                                    fused_max_tokens, fused_max_hidden)
+                self._c = _C.create(rank, world, _group_exchange(group, world, device), max_ctas=max_ctas,
+                                    timeout=float(timeout), fused_max_tokens=fused_max_tokens,
+                                    fused_max_hidden=fused_max_hidden, allocator=allocator, telemetry=telemetry, vts=vts,
+                                    transport=transport)
         self.handle: int = self._c.handle()
         self.rank: int = self._c.rank()
         self.world_size: int = self._c.size()
         self.device = torch.device("cuda", self._c.device())
         self._symmetric: dict = {}
+        self._next_report = 0
         _world_of[self.handle] = self.world_size
 
     @classmethod
     def loopback(cls, ranks: int, device: int = 0, *, max_ctas: int = 64, timeout: float = 10.0,
-                 fused_max_tokens: int = 512, fused_max_hidden: int = 8192) -> List["Communicator"]:
+                 fused_max_tokens: int = 512, fused_max_hidden: int = 8192, allocator: str = "equal",
+                 telemetry: str = "none", vts: int = 8) -> List["Communicator"]:
         """``ranks`` ranks on one GPU in this process, for tests and measurements. Each rank's calls
-        must go on its own stream, and every rank must call before any rank's call is waited for."""
-        natives = _C.create_loopback(ranks, device, max_ctas, float(timeout), fused_max_tokens, fused_max_hidden)
+        must go on its own stream, and every rank must call before any rank's call is waited for
+        (with an adaptive lane, every rank's grid must also fit the GPU at once: ranks x
+        (``max_ctas`` - 1) CTAs at most the SM count)."""
+        _check_policies("p2p", allocator, telemetry)
+        natives = _C.create_loopback(ranks, device, max_ctas=max_ctas, timeout=float(timeout),
+                                     fused_max_tokens=fused_max_tokens, fused_max_hidden=fused_max_hidden,
+                                     allocator=allocator, telemetry=telemetry, vts=vts)
         return [cls(_native=n) for n in natives]
 
     # ---- collectives (out-of-place unless named with a trailing underscore) ----------------------
@@ -222,9 +245,40 @@ class Communicator:
         torch.cuda.synchronize(self.device)
         self.check()
 
-    def reports(self):
-        """Per-collective reports of the adaptive loop: not in this version."""
-        raise NotImplementedError("reccl.torch: per-collective reports need the adaptive loop, which this version does not run")
+    @property
+    def adaptive(self) -> bool:
+        """Whether this communicator has an adaptive lane (policies other than equal + none)."""
+        return bool(self._c.adaptive())
+
+    def reports(self, since: Optional[int] = None) -> List[dict]:
+        """What each adaptive collective did, oldest first: the reports of collectives ``since``
+        (default: the one after the last report returned) up to the newest one written. Collective
+        e's report is written when collective e+1 runs (the control step runs one behind), and the
+        GPU holds the last 256. Synchronises the device first.
+
+        Each report is a dict: ``epoch`` (the lane's collective index), ``status`` ("ok", or
+        "recovered" when a VT died and the live VTs carried its part), ``vts``, ``ranks``, and per
+        VT: ``share`` (fraction of the message), ``elements``, ``bytes`` and ``stalls`` (summed
+        over ranks), ``time_ns`` (the cost model's time of the VT's slowest rank), ``gbps`` (per-rank
+        bandwidth estimate); and lists of VT indices: ``masked`` (carried nothing), ``faulted``
+        (missed their deadline, masked from the next collective), ``probed``, ``rejoined``.
+        """
+        if not self._c.adaptive():
+            raise Error("reccl invalid_argument: reports() needs an adaptive lane: create the communicator with "
+                        "telemetry='stalls' (and an allocator)", 3, self.rank)
+        torch.cuda.synchronize(self.device)
+        first = self._next_report if since is None else int(since)
+        out = self._c.reports(first, self._c.adaptive_epoch())
+        if out:
+            self._next_report = out[-1]["epoch"] + 1
+        return out
+
+    def recovered(self) -> int:
+        """How many adaptive collectives so far recovered a dead VT (synchronises the device)."""
+        if not self._c.adaptive():
+            return 0
+        torch.cuda.synchronize(self.device)
+        return int(self._c.recovered())
 
     def close(self) -> None:
         """Collective teardown (every rank, same order). Tensors from empty() become invalid."""

@@ -369,8 +369,130 @@ def _memory(comm, rank, world):
     return 4
 
 
+def _adaptive(comm, rank, world):
+    """Every allocator on the adaptive lane: results against the reference for the five collectives
+    above the one-shot sizes, the reports (one per collective, shares summing to 1), CUDA-graph
+    replays that keep the loop running, and the policy names that are refused."""
+    import reccl.torch as rt
+
+    dev = comm.device
+    for bad in ({"allocator": "fastest"}, {"telemetry": "psychic"}, {"allocator": "texcp", "telemetry": "none"}):
+        try:
+            rt.Communicator(**bad)
+            raise AssertionError(f"{bad} accepted")
+        except ValueError:
+            pass
+    checks = 0
+    vts = 4
+    for allocator in ("equal", "proportional", "texcp", "aimd"):
+        c = rt.Communicator(timeout=TIMEOUT_S, fused_max_tokens=0, allocator=allocator, telemetry="stalls", vts=vts)
+        assert c.adaptive and c.memory_bytes() <= rt.memory_bound(world, fused_max_tokens=0, allocator=allocator,
+                                                                   telemetry="stalls", vts=vts)
+        calls = 0
+        dtypes = DTYPES if allocator == "texcp" else ("float32", "bfloat16")
+        for dtype in dtypes:
+            for n in (1 << 20, 3 * (1 << 18) + 5):  # 2-4 MiB: above the one-shot sizes
+                case = f"adaptive/{allocator}/ar/{dtype}/{n}"
+                xs = [_input(case, r, (n,), dtype) for r in range(world)]
+                _poison((n,), dtype, dev)
+                _close(c.all_reduce(xs[rank].to(dev)), _reduce(xs, "sum", dtype), dtype, case)
+                calls += 1
+        n = (1 << 18) + 3  # fp32: every collective's message is above 1 MiB
+        case = f"adaptive/{allocator}/rs"
+        xs = [_input(case, r, (world * n,), "float32") for r in range(world)]
+        _poison((n,), "float32", dev)
+        _close(c.reduce_scatter(xs[rank].to(dev), "max"), _reduce([x[rank * n:(rank + 1) * n] for x in xs], "max", "float32"),
+               "float32", case)
+        case = f"adaptive/{allocator}/ag"
+        xs = [_input(case, r, (n,), "float32") for r in range(world)]
+        _poison((world * n,), "float32", dev)
+        _close(c.all_gather(xs[rank].to(dev)), torch.cat(xs), "float32", case)
+        case = f"adaptive/{allocator}/a2a"
+        xs = [_input(case, r, (world * n,), "float32") for r in range(world)]
+        _poison((world * n,), "float32", dev)
+        _close(c.all_to_all(xs[rank].to(dev)), torch.cat([xs[p][rank * n:(rank + 1) * n] for p in range(world)]), "float32", case)
+        case = f"adaptive/{allocator}/bc"
+        xs = [_input(case, r, (n + (1 << 18),), "float32") for r in range(world)]
+        _poison((n + (1 << 18),), "float32", dev)
+        _close(c.broadcast(xs[rank].to(dev), world - 1), xs[world - 1], "float32", case)
+        calls += 4
+        small = c.all_reduce(torch.ones(1000, device=dev))  # the one-shot fast path: no report
+        c.synchronize()
+        assert torch.equal(small.cpu(), torch.full((1000,), float(world)))
+        reps = c.reports()
+        # the report of collective e is written by collective e + 1: all but the last are there
+        assert [r["epoch"] for r in reps] == list(range(calls - 1)), [r["epoch"] for r in reps]
+        for r in reps:
+            assert r["vts"] == vts and r["ranks"] == world and r["status"] in ("ok", "recovered"), r
+            assert abs(sum(r["share"]) - 1.0) < 1e-6, r["share"]
+            assert sum(r["bytes"]) > 0 and len(r["stalls"]) == vts, r
+            if allocator == "equal" and not r["masked"]:
+                assert max(r["share"]) - min(r["share"]) < 1e-6, r["share"]
+        assert c.reports() == [], "reports returned twice"
+        checks += calls + len(reps)
+        if allocator == "texcp":
+            checks += _adaptive_graph(c, rank, world, first_epoch=calls)
+        c.close()
+    return checks
+
+
+def _adaptive_graph(c, rank, world, first_epoch):
+    """Adaptive all-reduces captured once and replayed on new inputs: each replay runs the loop
+    (its state is in device memory) and adds reports."""
+    dev = c.device
+    n = (1 << 20) + 1
+    sx = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    stream = torch.cuda.Stream(device=dev)
+    with torch.cuda.stream(stream):
+        c.all_reduce(sx)  # warm-up
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    c.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        out = c.all_reduce(sx)
+        c.all_reduce_(sx)
+    for it in range(3):
+        case = f"adaptive/graph/{it}"
+        xs = [_input(case, r, (n,), "bfloat16") for r in range(world)]
+        sx.copy_(xs[rank])
+        torch.cuda.synchronize(dev)
+        dist.barrier()
+        g.replay()
+        c.synchronize()
+        want = _reduce(xs, "sum", "bfloat16")
+        _close(out, want, "bfloat16", case + "/out")
+        _close(sx, want, "bfloat16", case + "/in place")
+        dist.barrier()
+    del g
+    reps = c.reports()
+    # the warm-up and 3 x 2 replayed calls; the report of the last is not written yet
+    assert [r["epoch"] for r in reps] == list(range(first_epoch - 1, first_epoch + 6)), [r["epoch"] for r in reps]
+    return 6
+
+
+def _nccl_transport(comm, rank, world):
+    """transport="nccl" with the processes on one GPU: NCCL refuses two ranks on one GPU, and every
+    rank gets a reccl.Error saying so (no hang); the P2P communicator beside it still works. (On one
+    rank per GPU it is the fast path on NCCL's symmetric windows: that needs two GPUs.)"""
+    import reccl
+    import reccl.torch as rt
+
+    t0 = time.monotonic()
+    try:
+        rt.Communicator(transport="nccl", timeout=TIMEOUT_S)
+        raise AssertionError("two ranks on one GPU accepted by the nccl transport")
+    except reccl.Error as e:
+        assert "ncclCommInitRank" in str(e), str(e)
+    assert time.monotonic() - t0 < 60, "the refusal took over a minute"
+    y = comm.all_reduce(torch.full((9,), float(rank), device=comm.device))
+    comm.synchronize()
+    assert torch.equal(y.cpu(), torch.full((9,), float(world * (world - 1) // 2)))
+    return 2
+
+
 SCENARIOS = {"collectives": _collectives, "fused": _fused, "graphs": _graphs, "compile": _compiled,
-             "bad_input": _bad_input, "missing_rank": _missing_rank, "memory": _memory}
+             "bad_input": _bad_input, "missing_rank": _missing_rank, "memory": _memory, "adaptive": _adaptive,
+             "nccl_transport": _nccl_transport}
 
 
 def _worker(rank, world, port, scenario, results):
