@@ -1,14 +1,18 @@
 """reccl.torch's cost over the C++ call it wraps, on loopback ranks of one GPU in one process.
 
-  * graph: per rank, one CUDA graph of ITERS in-place bf16 all-reduces (torch.ops.reccl.all_reduce_),
-    every rank's graph replayed together and timed with events; the same with the graphs captured
-    from C++ (reccl._C._CppGraphs: the same communicators, tensors and method). Both sets are
-    captured once and timed in PAIRS interleaved batches of REPS replays; median us per call, and the
-    ratio torch / C++.
-  * eager host time: microseconds of host time per call while issuing CALLS calls per rank (no
-    synchronisation inside the timed loop): the operator (torch.ops), the Python method
-    (comm.all_reduce_, with its error translation), the out-of-place operator, C++, and the launch
-    of an empty kernel (the floor under all of them).
+  * graph: per rank, one CUDA graph of ITERS in-place bf16 all-reduces captured through torch
+    (torch.ops.reccl.all_reduce_ under torch.cuda.graph), and one captured from C++ (the same
+    communicators, tensors and method). Both sets are replayed by the same loop
+    (bench/perf/graph_timing.hpp: every rank's graph launched together, timed with events), in
+    PAIRS interleaved batches of REPS replays; median us per call, and the ratio torch / C++: the
+    operator's cost inside a graph. Also timed: the torch graphs replayed with CUDAGraph.replay()
+    (each rank's replay entered in turn from Python), whose per-replay host time delays the later
+    ranks' start -- a cost of driving loopback ranks from one thread, not of the operator.
+  * eager host time: microseconds of host time per call while issuing CALLS calls per rank, the
+    ranks taking turns of CHUNK calls each on their own streams (the clock runs only inside a turn;
+    no synchronisation inside it): the operator (torch.ops), the Python method (comm.all_reduce_,
+    with its error translation), the out-of-place operator and method, the C++ call (same turns),
+    and the launch of an empty kernel (the floor under all of them).
   * adaptive lane (--adaptive, default on): the same graphs on a communicator with
     allocator="texcp", telemetry="stalls" against the default one (torch ops both, interleaved), at
     sizes above the one-shot limit; and the false faults: adaptive collectives that recovered a VT
@@ -46,6 +50,9 @@ class TorchGraphs:
                     torch.ops.reccl.all_reduce_(c.handle, x, "sum")
             self.graphs.append(g)
 
+    def execs(self):
+        return [g.raw_cuda_graph_exec() for g in self.graphs]
+
     def time(self, reps):
         t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         done = [torch.cuda.Event() for _ in self.streams]
@@ -67,18 +74,21 @@ class TorchGraphs:
         return us
 
 
-def host_us_ops(comms, xs, calls, fn):
-    """Host microseconds per call while issuing `calls` calls of `fn` per rank (each rank's calls on its
-    own stream, entered once outside the timed loop; no synchronisation inside it)."""
+def host_us_ops(comms, xs, calls, chunk, fn):
+    """Host microseconds per call of `fn`: the ranks take turns issuing `chunk` calls each on their
+    own streams (entered outside the clock), `calls` per rank in all; no synchronisation inside a
+    turn. Turns keep each rank at most `chunk` calls ahead of the others, as the C++ loop does."""
     streams = [torch.cuda.Stream() for _ in comms]
     torch.cuda.synchronize()
     total = 0.0
-    for c, x, s in zip(comms, xs, streams):
-        with torch.cuda.stream(s):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn(c, x)
-            total += time.perf_counter() - t0
+    for start in range(0, calls, chunk):
+        k = min(chunk, calls - start)
+        for c, x, s in zip(comms, xs, streams):
+            with torch.cuda.stream(s):
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    fn(c, x)
+                total += time.perf_counter() - t0
     torch.cuda.synchronize()
     return 1e6 * total / (calls * len(comms))
 
@@ -111,7 +121,7 @@ def adaptive_rows(a):
             torch.testing.assert_close(o.float(), want, rtol=1e-2, atol=5e-2)
         iters = max(10, a.iters * (1 << 20) // nbytes)
         tp, ta = TorchGraphs(plain, xs, iters), TorchGraphs(ad, xs, iters)
-        t_plain, t_ad = interleaved(a, [tp, ta])
+        t_plain, t_ad = interleaved(a, [_C._CppGraphs.adopt(tp.execs(), iters), _C._CppGraphs.adopt(ta.execs(), iters)])
         del tp, ta
         for c in plain + ad:
             c.check()
@@ -133,7 +143,8 @@ def main():
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--pairs", type=int, default=10, help="torch/C++ measurements interleaved per size")
-    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--chunk", type=int, default=8, help="calls per rank per turn in the host-time loops")
     ap.add_argument("--json")
     ap.add_argument("--no-adaptive", dest="adaptive", action="store_false")
     a = ap.parse_args()
@@ -156,17 +167,21 @@ def main():
         for o in outs:
             torch.testing.assert_close(o.float(), want.float(), rtol=1e-2, atol=1e-2)
         tg, cg = TorchGraphs(comms, xs, a.iters), _C._CppGraphs([c._c for c in comms], xs, a.iters)
-        t_torch, t_cpp = interleaved(a, [tg, cg])  # each first in turn: drift and warm-up hit both alike
-        del tg, cg
+        tx = _C._CppGraphs.adopt(tg.execs(), a.iters)  # torch's graphs, replayed by the C++ graphs' loop
+        # each first in turn: drift and warm-up hit all alike
+        t_torch, t_cpp, t_replay = interleaved(a, [tx, cg, tg])
+        del tx, tg, cg
         for c in comms:
             c.check()
-        row = {"bytes": nbytes, "graph_torch_us": t_torch, "graph_cpp_us": t_cpp}
+        row = {"bytes": nbytes, "graph_torch_us": t_torch, "graph_cpp_us": t_cpp, "graph_torch_replay_us": t_replay}
         row["graph_ratio"] = row["graph_torch_us"] / row["graph_cpp_us"]
-        row["host_op_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: torch.ops.reccl.all_reduce_(c.handle, x, "sum"))
-        row["host_method_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: c.all_reduce_(x))
-        row["host_out_of_place_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: torch.ops.reccl.all_reduce(c.handle, x, "sum"))
-        row["host_method_out_us"] = host_us_ops(comms, xs, a.calls, lambda c, x: c.all_reduce(x))
-        row["host_cpp_us"] = _C._host_us_cpp([c._c for c in comms], xs, a.calls)
+        ops = {"host_op_us": lambda c, x: torch.ops.reccl.all_reduce_(c.handle, x, "sum"),
+               "host_method_us": lambda c, x: c.all_reduce_(x),
+               "host_out_of_place_us": lambda c, x: torch.ops.reccl.all_reduce(c.handle, x, "sum"),
+               "host_method_out_us": lambda c, x: c.all_reduce(x)}
+        for key, fn in ops.items():
+            row[key] = host_us_ops(comms, xs, a.calls, a.chunk, fn)
+        row["host_cpp_us"] = _C._host_us_cpp([c._c for c in comms], xs, a.calls, a.chunk)
         row["host_empty_launch_us"] = _C._empty_launch_us(comms[0].device.index, a.calls)
         for c in comms:
             c.check()
@@ -178,10 +193,13 @@ def main():
     print(f"reccl.torch on {a.ranks} loopback ranks, {torch.cuda.get_device_name()}, bf16 in-place all-reduce")
     print("host us per call: op = torch.ops.reccl.all_reduce_, method = comm.all_reduce_ (eager fast path),")
     print("op out / method out = the out-of-place all_reduce, C++ = comm->all_reduce from C++, empty = an empty kernel's launch")
-    print(f"{'bytes':>10} {'graph torch us':>15} {'graph C++ us':>13} {'ratio':>7} {'op':>6} {'method':>7} {'op out':>7} "
-          f"{'method out':>11} {'C++':>6} {'empty':>6}")
+    print("graph torch / C++: torch- and C++-captured graphs replayed by one loop; torch replay(): the torch graphs "
+          "replayed with CUDAGraph.replay()")
+    print(f"{'bytes':>10} {'graph torch us':>15} {'graph C++ us':>13} {'ratio':>7} {'torch replay()':>15} {'op':>6} {'method':>7} "
+          f"{'op out':>7} {'method out':>11} {'C++':>6} {'empty':>6}")
     for r in rows:
         print(f"{r['bytes']:>10} {r['graph_torch_us']:>15.2f} {r['graph_cpp_us']:>13.2f} {r['graph_ratio']:>7.3f} "
+              f"{r['graph_torch_replay_us']:>15.2f} "
               f"{r['host_op_us']:>6.2f} {r['host_method_us']:>7.2f} {r['host_out_of_place_us']:>7.2f} {r['host_method_out_us']:>11.2f} "
               f"{r['host_cpp_us']:>6.2f} {r['host_empty_launch_us']:>6.2f}")
     if ad_rows:
@@ -194,7 +212,7 @@ def main():
               f"name a faulted VT")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ranks": a.ranks, "iters": a.iters, "reps": a.reps, "pairs": a.pairs, "calls": a.calls,
+            json.dump({"ranks": a.ranks, "iters": a.iters, "reps": a.reps, "pairs": a.pairs, "calls": a.calls, "chunk": a.chunk,
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
                        "adaptive_rows": ad_rows, "adaptive_summary": ad_summary}, f, indent=1)
 

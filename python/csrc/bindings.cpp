@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -463,52 +464,74 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::make_unique<py_comm>(comm::create(rank, nranks, std::move(ex), make_options(kw)));
   });
 
-  // Measurement helpers (bench/perf/torch_ops.py): the same collective called from C++.
+  // Measurement helpers (bench/perf/torch_ops.py): the same collective called from C++, and one
+  // replay loop for graphs from either side.
   // _CppGraphs(comms, xs, iters): per rank, one graph of `iters` in-place all-reduces captured from
-  // C++ on its own stream; time(reps) replays every rank's graph together reps + 1 times and returns
-  // microseconds per call of each replay but the first -- bench/perf/graph_timing.hpp, the small-
-  // message tools' own timing, with CUDA errors thrown instead of exiting.
+  // C++ on its own stream. _CppGraphs.adopt(execs, iters): graphs captured elsewhere (torch's
+  // CUDAGraph.raw_cuda_graph_exec(); not owned). time(reps) replays every rank's graph together
+  // reps + 1 times and returns microseconds per call of each replay but the first --
+  // bench/perf/graph_timing.hpp, the small-message tools' own timing, with CUDA errors thrown
+  // instead of exiting.
   struct cpp_graphs {
     std::vector<cudaStream_t> streams;
     std::vector<cudaGraphExec_t> exec;
     int iters = 0;
-    cpp_graphs(py::list comms, std::vector<at::Tensor> const& xs, int n_iters) : streams(xs.size()), iters(n_iters) {
+    bool owned = true;
+    cpp_graphs(std::size_t ranks, int n_iters) : streams(ranks), iters(n_iters) {
+      for (auto& s : streams) RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    }
+    cpp_graphs(py::list comms, std::vector<at::Tensor> const& xs, int n_iters) : cpp_graphs(xs.size(), n_iters) {
       std::vector<comm*> cs;
       for (auto h : comms) cs.push_back(&h.cast<py_comm&>().get());
-      for (auto& s : streams) RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       exec = reccl_bench::capture_per_rank(streams, iters, [&](int r) {
         at::Tensor const& x = xs[static_cast<std::size_t>(r)];
         cs[static_cast<std::size_t>(r)]->all_reduce(x.data_ptr(), x.data_ptr(), static_cast<std::size_t>(x.numel()),
                                                     *reducing_dtype(x.scalar_type()), reccl::redop::sum, streams[static_cast<std::size_t>(r)]);
       });
     }
+    static std::unique_ptr<cpp_graphs> adopt(std::vector<std::int64_t> const& execs, int n_iters) {
+      auto g = std::make_unique<cpp_graphs>(execs.size(), n_iters);
+      for (auto e : execs) g->exec.push_back(reinterpret_cast<cudaGraphExec_t>(static_cast<std::intptr_t>(e)));
+      g->owned = false;
+      return g;
+    }
     ~cpp_graphs() {
-      for (auto e : exec) RECCL_CUDA_REPORT(cudaGraphExecDestroy(e));
+      if (owned)
+        for (auto e : exec) RECCL_CUDA_REPORT(cudaGraphExecDestroy(e));
       for (auto s : streams) RECCL_CUDA_REPORT(cudaStreamDestroy(s));
     }
     std::vector<double> time(int reps) const { return reccl_bench::replay_graphs(streams, exec, iters, reps); }
   };
   py::class_<cpp_graphs>(m, "_CppGraphs")
       .def(py::init<py::list, std::vector<at::Tensor> const&, int>())
+      .def_static("adopt", &cpp_graphs::adopt)
       .def("time", &cpp_graphs::time);
 
-  m.def("_host_us_cpp", [](py::list comms, std::vector<at::Tensor> const& xs, int calls) {
-    // Host microseconds per eager in-place all-reduce issued from C++ (ranks in turn, their own
-    // streams), the launches only: the device is synchronised after the clock stops.
+  m.def("_host_us_cpp", [](py::list comms, std::vector<at::Tensor> const& xs, int calls, int chunk) {
+    // Host microseconds per eager in-place all-reduce issued from C++, the launches only: ranks take
+    // turns issuing `chunk` calls each on their own streams (bench/perf/torch_ops.py's order), the
+    // clock runs only inside the turns, and the device is synchronised after the last.
     std::size_t const n = xs.size();
     std::vector<comm*> cs;
     for (auto h : comms) cs.push_back(&h.cast<py_comm&>().get());
     std::vector<cudaStream_t> streams(n);
     for (auto& s : streams) RECCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    auto const t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i)
-      for (std::size_t r = 0; r < n; ++r)
-        cs[r]->all_reduce(xs[r].data_ptr(), xs[r].data_ptr(), static_cast<std::size_t>(xs[r].numel()), *reducing_dtype(xs[r].scalar_type()),
-                          reccl::redop::sum, streams[r]);
-    auto const t1 = std::chrono::steady_clock::now();
+    std::chrono::duration<double, std::micro> total{0};
+    int done = 0;
+    while (done < calls) {
+      int const k = std::min(chunk, calls - done);
+      for (std::size_t r = 0; r < n; ++r) {
+        auto const t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < k; ++i)
+          cs[r]->all_reduce(xs[r].data_ptr(), xs[r].data_ptr(), static_cast<std::size_t>(xs[r].numel()),
+                            *reducing_dtype(xs[r].scalar_type()), reccl::redop::sum, streams[r]);
+        total += std::chrono::steady_clock::now() - t0;
+      }
+      done += k;
+    }
     RECCL_CUDA_CHECK(cudaDeviceSynchronize());
     for (auto& s : streams) RECCL_CUDA_CHECK(cudaStreamDestroy(s));
-    return std::chrono::duration<double, std::micro>(t1 - t0).count() / (static_cast<double>(calls) * static_cast<double>(n));
+    return total.count() / (static_cast<double>(calls) * static_cast<double>(n));
   });
 
   m.def("_empty_launch_us", &empty_launch_us, "Host us per empty-kernel launch (the floor under the eager host time).");
