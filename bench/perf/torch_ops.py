@@ -177,6 +177,7 @@ def main():
         row["graph_ratio"] = row["graph_torch_us"] / row["graph_cpp_us"]
         ops = {"host_op_us": lambda c, x: torch.ops.reccl.all_reduce_(c.handle, x, "sum"),
                "host_method_us": lambda c, x: c.all_reduce_(x),
+               "host_pybind_us": lambda c, x: c._c.all_reduce_(x, "sum"),
                "host_out_of_place_us": lambda c, x: torch.ops.reccl.all_reduce(c.handle, x, "sum"),
                "host_method_out_us": lambda c, x: c.all_reduce(x)}
         for key, fn in ops.items():
@@ -192,15 +193,16 @@ def main():
 
     print(f"reccl.torch on {a.ranks} loopback ranks, {torch.cuda.get_device_name()}, bf16 in-place all-reduce")
     print("host us per call: op = torch.ops.reccl.all_reduce_, method = comm.all_reduce_ (eager fast path),")
-    print("op out / method out = the out-of-place all_reduce, C++ = comm->all_reduce from C++, empty = an empty kernel's launch")
+    print("binding = the extension's method called straight (no Python method), op out / method out = the out-of-place")
+    print("all_reduce, C++ = comm->all_reduce from C++, empty = an empty kernel's launch")
     print("graph torch / C++: torch- and C++-captured graphs replayed by one loop; torch replay(): the torch graphs "
           "replayed with CUDAGraph.replay()")
     print(f"{'bytes':>10} {'graph torch us':>15} {'graph C++ us':>13} {'ratio':>7} {'torch replay()':>15} {'op':>6} {'method':>7} "
-          f"{'op out':>7} {'method out':>11} {'C++':>6} {'empty':>6}")
+          f"{'binding':>8} {'op out':>7} {'method out':>11} {'C++':>6} {'empty':>6}")
     for r in rows:
         print(f"{r['bytes']:>10} {r['graph_torch_us']:>15.2f} {r['graph_cpp_us']:>13.2f} {r['graph_ratio']:>7.3f} "
               f"{r['graph_torch_replay_us']:>15.2f} "
-              f"{r['host_op_us']:>6.2f} {r['host_method_us']:>7.2f} {r['host_out_of_place_us']:>7.2f} {r['host_method_out_us']:>11.2f} "
+              f"{r['host_op_us']:>6.2f} {r['host_method_us']:>7.2f} {r['host_pybind_us']:>8.2f} {r['host_out_of_place_us']:>7.2f} {r['host_method_out_us']:>11.2f} "
               f"{r['host_cpp_us']:>6.2f} {r['host_empty_launch_us']:>6.2f}")
     if ad_rows:
         print("adaptive lane (allocator texcp, telemetry stalls) against the fast path, graphs of torch ops, us per call:")

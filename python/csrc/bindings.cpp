@@ -161,9 +161,8 @@ std::int64_t split_first(comm const& c, at::Tensor const& x, char const* op) {
 
 // ---- operators -----------------------------------------------------------------------------------
 
-at::Tensor all_reduce(std::int64_t h, at::Tensor const& x, std::string const& op) {
+at::Tensor all_reduce_on(comm& c, at::Tensor const& x, std::string const& op) {
   return recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     c10::cuda::CUDAGuard guard(x.device());
     at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
@@ -172,18 +171,16 @@ at::Tensor all_reduce(std::int64_t h, at::Tensor const& x, std::string const& op
   });
 }
 
-void all_reduce_(std::int64_t h, at::Tensor& x, std::string const& op) {
+void all_reduce_inplace_on(comm& c, at::Tensor& x, std::string const& op) {
   recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     c10::cuda::CUDAGuard guard(x.device());
     c.all_reduce(x.data_ptr(), x.data_ptr(), static_cast<std::size_t>(x.numel()), reduce_type(c, x), parse_op(op), stream_of(x));
   });
 }
 
-at::Tensor reduce_scatter(std::int64_t h, at::Tensor const& x, std::string const& op) {
+at::Tensor reduce_scatter_on(comm& c, at::Tensor const& x, std::string const& op) {
   return recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     c10::cuda::CUDAGuard guard(x.device());
     at::Tensor out = at::empty(with_first(x, split_first(c, x, "reduce_scatter")), x.options());
@@ -193,9 +190,8 @@ at::Tensor reduce_scatter(std::int64_t h, at::Tensor const& x, std::string const
   });
 }
 
-at::Tensor all_gather(std::int64_t h, at::Tensor const& x) {
+at::Tensor all_gather_on(comm& c, at::Tensor const& x) {
   return recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     c10::cuda::CUDAGuard guard(x.device());
     at::Tensor out = at::empty(with_first(x, first_dim(x) * c.size()), x.options());
@@ -205,9 +201,8 @@ at::Tensor all_gather(std::int64_t h, at::Tensor const& x) {
   });
 }
 
-at::Tensor all_to_all(std::int64_t h, at::Tensor const& x) {
+at::Tensor all_to_all_on(comm& c, at::Tensor const& x) {
   return recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     split_first(c, x, "all_to_all");
     c10::cuda::CUDAGuard guard(x.device());
@@ -227,9 +222,8 @@ void broadcast_into(comm& c, at::Tensor const& x, at::Tensor& out, std::int64_t 
               stream_of(x));
 }
 
-at::Tensor broadcast(std::int64_t h, at::Tensor const& x, std::int64_t root) {
+at::Tensor broadcast_on(comm& c, at::Tensor const& x, std::int64_t root) {
   return recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     c10::cuda::CUDAGuard guard(x.device());
     at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
@@ -238,19 +232,17 @@ at::Tensor broadcast(std::int64_t h, at::Tensor const& x, std::int64_t root) {
   });
 }
 
-void broadcast_(std::int64_t h, at::Tensor& x, std::int64_t root) {
+void broadcast_inplace_on(comm& c, at::Tensor& x, std::int64_t root) {
   recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "input");
     c10::cuda::CUDAGuard guard(x.device());
     broadcast_into(c, x, x, root);
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_all_reduce(std::int64_t h, at::Tensor const& x, at::Tensor const& residual,
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_all_reduce_on(comm& c, at::Tensor const& x, at::Tensor const& residual,
                                                                  at::Tensor const& weight, double eps) {
   return recorded([&] {
-    comm& c = from_handle(h);
     check_tensor(c, x, "x");
     check_tensor(c, residual, "residual");
     check_tensor(c, weight, "weight");
@@ -269,6 +261,33 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_all_reduce(std::int64_t h,
                                     static_cast<float>(eps), stream_of(x));
     return std::make_tuple(out, res);
   });
+}
+
+// The operators as the dispatcher calls them: the communicator named by its handle.
+at::Tensor all_reduce(std::int64_t h, at::Tensor const& x, std::string const& op) {
+  return recorded([&] { return all_reduce_on(from_handle(h), x, op); });
+}
+void all_reduce_(std::int64_t h, at::Tensor& x, std::string const& op) {
+  recorded([&] { all_reduce_inplace_on(from_handle(h), x, op); });
+}
+at::Tensor reduce_scatter(std::int64_t h, at::Tensor const& x, std::string const& op) {
+  return recorded([&] { return reduce_scatter_on(from_handle(h), x, op); });
+}
+at::Tensor all_gather(std::int64_t h, at::Tensor const& x) {
+  return recorded([&] { return all_gather_on(from_handle(h), x); });
+}
+at::Tensor all_to_all(std::int64_t h, at::Tensor const& x) {
+  return recorded([&] { return all_to_all_on(from_handle(h), x); });
+}
+at::Tensor broadcast(std::int64_t h, at::Tensor const& x, std::int64_t root) {
+  return recorded([&] { return broadcast_on(from_handle(h), x, root); });
+}
+void broadcast_(std::int64_t h, at::Tensor& x, std::int64_t root) {
+  recorded([&] { broadcast_inplace_on(from_handle(h), x, root); });
+}
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_all_reduce(std::int64_t h, at::Tensor const& x, at::Tensor const& residual,
+                                                                 at::Tensor const& weight, double eps) {
+  return recorded([&] { return fused_add_rms_norm_all_reduce_on(from_handle(h), x, residual, weight, eps); });
 }
 
 // ---- Python objects ------------------------------------------------------------------------------
@@ -434,15 +453,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       // The operators' implementations called straight from Python, without the dispatcher: what
       // reccl.torch's methods use eagerly on plain tensors (torch.compile and tensor subclasses go
       // through torch.ops.reccl). Same checks, same errors (take_last_error), same launches.
-      .def("all_reduce", [](py_comm& p, at::Tensor const& x, std::string const& op) { return all_reduce(handle_of(p), x, op); })
-      .def("all_reduce_", [](py_comm& p, at::Tensor& x, std::string const& op) { all_reduce_(handle_of(p), x, op); })
-      .def("reduce_scatter", [](py_comm& p, at::Tensor const& x, std::string const& op) { return reduce_scatter(handle_of(p), x, op); })
-      .def("all_gather", [](py_comm& p, at::Tensor const& x) { return all_gather(handle_of(p), x); })
-      .def("all_to_all", [](py_comm& p, at::Tensor const& x) { return all_to_all(handle_of(p), x); })
-      .def("broadcast", [](py_comm& p, at::Tensor const& x, std::int64_t root) { return broadcast(handle_of(p), x, root); })
-      .def("broadcast_", [](py_comm& p, at::Tensor& x, std::int64_t root) { broadcast_(handle_of(p), x, root); })
+      .def("all_reduce", [](py_comm& p, at::Tensor const& x, std::string const& op) { return all_reduce_on(p.get(), x, op); })
+      .def("all_reduce_", [](py_comm& p, at::Tensor& x, std::string const& op) { all_reduce_inplace_on(p.get(), x, op); })
+      .def("reduce_scatter", [](py_comm& p, at::Tensor const& x, std::string const& op) { return reduce_scatter_on(p.get(), x, op); })
+      .def("all_gather", [](py_comm& p, at::Tensor const& x) { return all_gather_on(p.get(), x); })
+      .def("all_to_all", [](py_comm& p, at::Tensor const& x) { return all_to_all_on(p.get(), x); })
+      .def("broadcast", [](py_comm& p, at::Tensor const& x, std::int64_t root) { return broadcast_on(p.get(), x, root); })
+      .def("broadcast_", [](py_comm& p, at::Tensor& x, std::int64_t root) { broadcast_inplace_on(p.get(), x, root); })
       .def("fused_add_rms_norm_all_reduce", [](py_comm& p, at::Tensor const& x, at::Tensor const& residual, at::Tensor const& weight,
-                                               double eps) { return fused_add_rms_norm_all_reduce(handle_of(p), x, residual, weight, eps); })
+                                               double eps) { return fused_add_rms_norm_all_reduce_on(p.get(), x, residual, weight, eps); })
       .def("close", [](py_comm& p) {
         if (!p.c) return;
         drop_live(p.c.get());
