@@ -415,6 +415,7 @@ if has torch; then
     [[ -n "$so" ]] && mkdir -p "$OUT/torch_so" && cp "$so" "$OUT/torch_so/"
   else
     export PYTHONPATH="$ROOT/python:${PYTHONPATH:-}"
+    echo "package from the tree (python/)" >"$OUT/torch_install.log"
   fi
   if (cd /tmp && python3 -c 'import reccl.torch') >>"$OUT/torch_install.log" 2>&1; then
     SUMMARY+=("torch package: ok ($(tail -1 "$OUT/torch_install.log"))")

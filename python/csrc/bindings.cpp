@@ -355,7 +355,7 @@ py::dict report_dict(reccl::epoch_report const& r) {
   d["vts"] = r.n_vts;
   d["ranks"] = r.nranks;
   d["share"] = share;
-  d["elements"] = count;
+  d["elements"] = count;  // bytes for the data-moving collectives (they split raw bytes)
   d["bytes"] = bytes;
   d["stalls"] = stalls;
   d["time_ns"] = time_ns;
@@ -530,6 +530,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // Host microseconds per eager in-place all-reduce issued from C++, the launches only: ranks take
     // turns issuing `chunk` calls each on their own streams (bench/perf/torch_ops.py's order), the
     // clock runs only inside the turns, and the device is synchronised after the last.
+    if (chunk < 1 || calls < 1) throw reccl::error(reccl::status::invalid_argument, "_host_us_cpp: calls and chunk must be >= 1");
     std::size_t const n = xs.size();
     std::vector<comm*> cs;
     for (auto h : comms) cs.push_back(&h.cast<py_comm&>().get());

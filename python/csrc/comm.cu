@@ -71,6 +71,25 @@ void check_options(options const& o) {
 
 __global__ void empty_kernel() {}
 
+/// The options the communicators' own handshakes do not compare (transport, policies, VT count,
+/// the fused op's limits) must be equal on every rank: compared here, before anything is built, so a
+/// difference fails creation on every rank instead of a collective much later.
+void agree_on_options(int rank, int nranks, reccl::proxy::rank_exchange const& ex, options const& o) {
+  std::string const key = o.transport + "|" + o.allocator + "|" + o.telemetry + "|" + std::to_string(o.vts) + "|" +
+                          std::to_string(o.fused_max_tokens) + "|" + std::to_string(o.fused_max_hidden) + "|" +
+                          std::to_string(o.max_ctas);
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(nranks));
+  ex(&h, all.data(), sizeof(h));
+  for (int r = 0; r < nranks; ++r)
+    if (all[static_cast<std::size_t>(r)] != h)
+      throw reccl::error(reccl::status::mismatch,
+                         "rank " + std::to_string(r) + " created its communicator with other options than rank " +
+                             std::to_string(rank) + " (transport, allocator, telemetry, vts, max_ctas or the fused limits)",
+                         r);
+}
+
 }  // namespace
 
 double empty_launch_us(int device, int calls) {
@@ -140,8 +159,8 @@ struct comm::impl {
     nv.reset();
     if (nccl != nullptr) {
       RECCL_NCCL_CHECK(nccl, ncclCommFinalize(nccl));
-      RECCL_NCCL_CHECK(nccl, ncclCommDestroy(nccl));
-      nccl = nullptr;
+      ncclComm_t const n = std::exchange(nccl, nullptr);  // no second teardown if the destroy fails
+      RECCL_NCCL_CHECK(n, ncclCommDestroy(n));
     }
   }
   adaptive_path& require_lane() const {
@@ -175,6 +194,8 @@ struct comm::impl {
       fused.reset();
       p2p.reset();
       lane.reset();
+      // kernels still on the windows end within the timeout (every device-side wait is bounded)
+      RECCL_CUDA_REPORT(cudaDeviceSynchronize());
       (void)nv.release();
       RECCL_NCCL_REPORT(ncclCommAbort(nccl));
       return;
@@ -204,6 +225,7 @@ std::unique_ptr<comm> comm::create(int rank, int nranks, exchange_fn exchange, o
       throw reccl::error(reccl::status::internal, "reccl.torch: communicator released without close(); not waiting for peers");
     exchange(mine, all, bytes);
   };
+  agree_on_options(rank, nranks, ex, o);
   if (o.transport == "nccl") {
     // rank 0's unique id, over the exchange; then NCCL's own bootstrap (blocking until every rank is in)
     ncclUniqueId id{};

@@ -258,7 +258,8 @@ class Communicator:
 
         Each report is a dict: ``epoch`` (the lane's collective index), ``status`` ("ok", or
         "recovered" when a VT died and the live VTs carried its part), ``vts``, ``ranks``, and per
-        VT: ``share`` (fraction of the message), ``elements``, ``bytes`` and ``stalls`` (summed
+        VT: ``share`` (fraction of the message), ``elements`` (what the VT carried: elements for the
+        reductions, bytes for all-gather, broadcast and all-to-all, which split raw bytes), ``bytes`` and ``stalls`` (summed
         over ranks), ``time_ns`` (the cost model's time of the VT's slowest rank), ``gbps`` (per-rank
         bandwidth estimate); and lists of VT indices: ``masked`` (carried nothing), ``faulted``
         (missed their deadline, masked from the next collective), ``probed``, ``rejoined``.
@@ -267,8 +268,9 @@ class Communicator:
             raise Error("reccl invalid_argument: reports() needs an adaptive lane: create the communicator with "
                         "telemetry='stalls' (and an allocator)", 3, self.rank)
         torch.cuda.synchronize(self.device)
+        epoch = int(self._c.adaptive_epoch())
         first = self._next_report if since is None else int(since)
-        out = self._c.reports(first, self._c.adaptive_epoch())
+        out = self._c.reports(max(first, epoch - 256), epoch)  # the GPU holds the last 256
         if out:
             self._next_report = out[-1]["epoch"] + 1
         return out

@@ -394,8 +394,9 @@ def _adaptive(comm, rank, world):
             for n in (1 << 20, 3 * (1 << 18) + 5):  # 2-4 MiB: above the one-shot sizes
                 case = f"adaptive/{allocator}/ar/{dtype}/{n}"
                 xs = [_input(case, r, (n,), dtype) for r in range(world)]
+                x = xs[rank].to(dev)  # before the poison, so that the output (not x) lands on it
                 _poison((n,), dtype, dev)
-                _close(c.all_reduce(xs[rank].to(dev)), _reduce(xs, "sum", dtype), dtype, case)
+                _close(c.all_reduce(x), _reduce(xs, "sum", dtype), dtype, case)
                 calls += 1
         n = (1 << 18) + 3  # fp32: every collective's message is above 1 MiB
         case = f"adaptive/{allocator}/rs"
@@ -409,12 +410,14 @@ def _adaptive(comm, rank, world):
         _close(c.all_gather(xs[rank].to(dev)), torch.cat(xs), "float32", case)
         case = f"adaptive/{allocator}/a2a"
         xs = [_input(case, r, (world * n,), "float32") for r in range(world)]
+        x = xs[rank].to(dev)
         _poison((world * n,), "float32", dev)
-        _close(c.all_to_all(xs[rank].to(dev)), torch.cat([xs[p][rank * n:(rank + 1) * n] for p in range(world)]), "float32", case)
+        _close(c.all_to_all(x), torch.cat([xs[p][rank * n:(rank + 1) * n] for p in range(world)]), "float32", case)
         case = f"adaptive/{allocator}/bc"
         xs = [_input(case, r, (n + (1 << 18),), "float32") for r in range(world)]
+        x = xs[rank].to(dev)
         _poison((n + (1 << 18),), "float32", dev)
-        _close(c.broadcast(xs[rank].to(dev), world - 1), xs[world - 1], "float32", case)
+        _close(c.broadcast(x, world - 1), xs[world - 1], "float32", case)
         calls += 4
         small = c.all_reduce(torch.ones(1000, device=dev))  # the one-shot fast path: no report
         c.synchronize()
