@@ -14,6 +14,7 @@
 
 #include "../../bench/perf/reference.cuh"
 #include "reccl/host/adaptive.hpp"
+#include "reccl/host/nvlink_collective.hpp"
 #include "reccl/policy/allocator/aimd.hpp"
 #include "reccl/policy/allocator/equal.hpp"
 #include "reccl/policy/telemetry/none.hpp"
@@ -177,6 +178,41 @@ std::vector<L> make_lanes(world& w, reccl::adaptive_options o) {
   return L::create_all(w.ptrs(), o);
 }
 
+
+/// The composed types collective_op<K, T, schedule::one_shot, transport::nvlink, M, A> behind the
+/// interface run_checked drives (one per rank): the loop is the one the communicator's lane holds.
+template <class A, class M>
+struct composed_lane {
+  using any_op = reccl::all_reduce<float, reccl::schedule::one_shot, reccl::transport::nvlink, M, A>;
+  reccl::nvlink_communicator* comm;
+  int lane;
+  template <collective K>
+  void go(void const* in, void* out, std::uint64_t count, dtype t, redop op, int root, cudaStream_t s) {
+    bool const ok = reccl::device::with_compiled_dtype<bool>(t, false, [&](auto e) {
+      using T = typename decltype(e)::type;
+      using op_t = reccl::collective_op<K, T, reccl::schedule::one_shot, reccl::transport::nvlink, M, A>;
+      reccl::nvlink_call_options o;
+      o.lane = lane;
+      o.root = root;
+      reccl::plan const p = op_t::run(*comm, static_cast<T const*>(in), static_cast<T*>(out), count, op, s, o);
+      if (count != 0 && p.algo != reccl::algorithm::pipelined)
+        throw reccl::error(reccl::status::internal, "the adaptive composed type ran another engine");
+      return true;
+    });
+    if (!ok) throw reccl::error(reccl::status::invalid_argument, "dtype not compiled");
+  }
+  void all_reduce(void const* i, void* o, std::uint64_t n, dtype t, redop op, cudaStream_t s) { go<collective::all_reduce>(i, o, n, t, op, 0, s); }
+  void reduce_scatter(void const* i, void* o, std::uint64_t n, dtype t, redop op, cudaStream_t s) {
+    go<collective::reduce_scatter>(i, o, n, t, op, 0, s);
+  }
+  void all_gather(void const* i, void* o, std::uint64_t n, dtype t, cudaStream_t s) { go<collective::all_gather>(i, o, n, t, redop::sum, 0, s); }
+  void broadcast(void const* i, void* o, std::uint64_t n, dtype t, int root, cudaStream_t s) {
+    go<collective::broadcast>(i, o, n, t, redop::sum, root, s);
+  }
+  void all_to_all(void const* i, void* o, std::uint64_t n, dtype t, cudaStream_t s) { go<collective::all_to_all>(i, o, n, t, redop::sum, 0, s); }
+  reccl::adaptive_lane<A, M>& loop() const { return reccl::lane_of<any_op>(*comm, lane); }
+  std::uint32_t error_info() const { return loop().error_info(); }
+};
 }  // namespace
 
 TEST_CASE("adaptive collectives match the CPU reference while the split moves") {
@@ -406,6 +442,154 @@ TEST_CASE("no-telemetry and AIMD instantiations run and stay correct") {
     auto lanes = make_lanes<reccl::adaptive_lane<reccl::allocator::aimd>>(w, o);
     for (int k = 0; k < 3; ++k) CHECK(run_checked(w, lanes, collective::all_gather, dtype::int64, redop::sum, 3333, false) == "");
   }
+}
+
+TEST_CASE("the composed types with stall telemetry and texcp close the loop on the GPU") {
+  REQUIRE_WORLD();
+  using lane_t = composed_lane<reccl::allocator::texcp, reccl::telemetry::stalls>;
+  using any_op = lane_t::any_op;
+  reccl::adaptive_options o;
+  o.lane = 1;
+  o.vts = 4;
+  o.ctas_per_vt = 2;
+  o.chunk_bytes = 4096;
+  std::vector<lane_t> lanes;
+  for (auto& c : w.comms) {
+    reccl::setup_lane<any_op>(c, o);
+    lanes.push_back({&c, 1});
+  }
+  // VT 1 slowed from the second collective: every case below runs on another split
+  reccl::device_faults f;
+  f.throttle(1, 100e6, lanes[0].loop().epoch() + 1);
+  for (int r = 0; r < w.n; ++r) lanes[r].loop().inject(f, w.streams[r]);
+  struct c_t {
+    collective c;
+    dtype t;
+    redop op;
+  };
+  std::vector<c_t> const kinds = {
+      {collective::all_reduce, dtype::bfloat16, redop::sum},     {collective::all_reduce, dtype::float32, redop::max},
+      {collective::all_reduce, dtype::int64, redop::prod},       {collective::reduce_scatter, dtype::float16, redop::sum},
+      {collective::all_gather, dtype::bfloat16, redop::sum},     {collective::broadcast, dtype::int32, redop::sum},
+      {collective::all_to_all, dtype::float32, redop::sum},
+  };
+  std::uint64_t const counts[] = {0, 1, 7, 1001, 65539, 400003};
+  int failures = 0, cases = 0;
+  for (auto const& k : kinds)
+    for (std::uint64_t count : counts)
+      for (int ip = 0; ip < 2; ++ip) {
+        if (ip && k.c == collective::all_to_all) continue;
+        std::string const why = run_checked(w, lanes, k.c, k.t, k.op, count, ip != 0, count % 2 == 1 ? w.n - 1 : 0);
+        ++cases;
+        if (!why.empty() && ++failures <= 10)
+          FAIL_CHECK(reccl::name(k.c) << " " << reccl::name(k.t) << " " << reccl::name(k.op) << " count=" << count
+                                      << (ip ? " in-place" : " out-of-place") << ": " << why);
+      }
+  MESSAGE(cases << " composed adaptive cases");
+  CHECK(failures == 0);
+  auto const reps = lanes[0].loop().reports(0, lanes[0].loop().epoch());
+  REQUIRE(!reps.empty());
+  MESSAGE("VT 1 share in the newest report: " << static_cast<double>(reps.back().share[1]) / reccl::share_one);
+  CHECK(reps.back().share[1] < reccl::share_one / 8);
+  for (int r = 1; r < w.n; ++r) {
+    auto const other = lanes[r].loop().reports(0, lanes[r].loop().epoch());
+    REQUIRE(other.size() == reps.size());
+    for (std::size_t i = 0; i < reps.size(); ++i) CHECK(other[i].split == reps[i].split);
+  }
+
+  // a captured graph of composed calls replays on the lane's loop (epochs advance per replay)
+  std::uint64_t const count = 300001;
+  std::uint64_t const e0 = lanes[0].loop().epoch();
+  std::vector<unsigned char> const want = host_expected(collective::all_reduce, dtype::float32, redop::sum, 0, count, 0, w.n, 91);
+  std::vector<cudaGraphExec_t> execs(w.n);
+  for (int r = 0; r < w.n; ++r) {
+    TEST_CK(cudaSetDevice(w.dev(r)));
+    reccl::bench::fill(dtype::float32, w.in[r], count, 91, r, 0, w.streams[r]);
+    TEST_CK(cudaStreamSynchronize(w.streams[r]));
+    cudaGraph_t g;
+    TEST_CK(cudaStreamBeginCapture(w.streams[r], cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < 4; ++k) lanes[r].all_reduce(w.in[r], w.out[r], count, dtype::float32, redop::sum, w.streams[r]);
+    TEST_CK(cudaStreamEndCapture(w.streams[r], &g));
+    TEST_CK(cudaGraphInstantiate(&execs[r], g, 0));
+    TEST_CK(cudaGraphDestroy(g));
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    for (int r = 0; r < w.n; ++r) {
+      TEST_CK(cudaSetDevice(w.dev(r)));
+      reccl::bench::poison(dtype::float32, w.out[r], count, w.streams[r]);
+      TEST_CK(cudaGraphLaunch(execs[r], w.streams[r]));
+    }
+    w.sync();
+    for (int r = 0; r < w.n; ++r) {
+      w.comms[r].check();
+      TEST_CK(cudaSetDevice(w.dev(r)));
+      std::string const what = "composed replay " + std::to_string(rep) + " rank " + std::to_string(r);
+      CHECK_MESSAGE(count_wrong(dtype::float32, w.out[r], want, what.c_str()) == 0, what);
+    }
+  }
+  CHECK(lanes[0].loop().epoch() == e0 + 8);
+  for (int r = 0; r < w.n; ++r) {
+    TEST_CK(cudaSetDevice(w.dev(r)));
+    TEST_CK(cudaGraphExecDestroy(execs[r]));
+  }
+}
+
+TEST_CASE("a composed adaptive type sets its lane up on first use, and refuses what would lose state") {
+  REQUIRE_WORLD();
+  using lane_t = composed_lane<reccl::allocator::texcp, reccl::telemetry::stalls>;
+  using other_op = reccl::all_reduce<float, reccl::schedule::one_shot, reccl::transport::nvlink, reccl::telemetry::stalls,
+                                     reccl::allocator::aimd>;
+  auto code = [](auto&& f) {
+    try {
+      f();
+    } catch (reccl::error const& e) {
+      MESSAGE(e.what());
+      return e.code();
+    }
+    return reccl::status::ok;
+  };
+  // lane 0 was never set up: inside a stream capture the set-up (which synchronises) is refused
+  for (int r = 0; r < w.n; ++r) REQUIRE(w.comms[r].attached<reccl::adaptive_lane<reccl::allocator::texcp>>(0) == nullptr);
+  {
+    lane_t l{&w.comms[0], 0};
+    TEST_CK(cudaSetDevice(w.dev(0)));
+    cudaGraph_t g;
+    TEST_CK(cudaStreamBeginCapture(w.streams[0], cudaStreamCaptureModeThreadLocal));
+    reccl::status const st = code([&] { l.all_reduce(w.in[0], w.out[0], 1000, dtype::float32, redop::sum, w.streams[0]); });
+    TEST_CK(cudaStreamEndCapture(w.streams[0], &g));
+    TEST_CK(cudaGraphDestroy(g));
+    CHECK(st == reccl::status::invalid_argument);
+    CHECK(w.comms[0].attached<reccl::adaptive_lane<reccl::allocator::texcp>>(0) == nullptr);
+  }
+  // outside capture the first call sets the lane up with the defaults (8 VTs) and runs right
+  std::vector<lane_t> lanes;
+  for (auto& c : w.comms) lanes.push_back({&c, 0});
+  CHECK(run_checked(w, lanes, collective::all_reduce, dtype::bfloat16, redop::sum, 100003, false) == "");
+  CHECK(run_checked(w, lanes, collective::all_gather, dtype::float32, redop::sum, 5001, false) == "");
+  CHECK(lanes[0].loop().options().vts == 8);
+  CHECK(lanes[0].loop().epoch() >= 2);
+  // another policy pair on the same lane is refused before anything is reset
+  std::uint64_t const e = lanes[0].loop().epoch();
+  CHECK(code([&] { reccl::setup_lane<other_op>(w.comms[0], {.lane = 0}); }) == reccl::status::invalid_argument);
+  CHECK(lanes[0].loop().epoch() == e);
+  // a call that asks for another geometry than the lane's, or brings its own split, is refused
+  reccl::nvlink_call_options bad;
+  bad.lane = 0;
+  bad.vts = 3;
+  using op_t = lane_t::any_op;
+  CHECK(code([&] {
+          op_t::run(w.comms[0], reinterpret_cast<float const*>(w.in[0]), reinterpret_cast<float*>(w.out[0]), 100, redop::sum,
+                    w.streams[0], bad);
+        }) == reccl::status::invalid_argument);
+  reccl::shares const eq = reccl::equal_shares(8, 0xffu);
+  bad.vts = 0;
+  bad.vt_shares = &eq;
+  CHECK(code([&] {
+          op_t::run(w.comms[0], reinterpret_cast<float const*>(w.in[0]), reinterpret_cast<float*>(w.out[0]), 100, redop::sum,
+                    w.streams[0], bad);
+        }) == reccl::status::invalid_argument);
+  // the lane still works on every rank
+  CHECK(run_checked(w, lanes, collective::all_reduce, dtype::float32, redop::sum, 4097, true) == "");
 }
 
 TEST_CASE("a rank that never arrives is a clean error naming it, within the lane deadline") {

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../device/adaptive/kernel.hpp"
@@ -155,6 +156,18 @@ class adaptive_lane {
     run<collective::all_to_all>(in, out, count, t, redop::sum, 0, s);
   }
 
+  /// Collective C on T's kernel only (the composed types' path, host/nvlink_collective.hpp: no
+  /// other dtype is instantiated). Same meaning and buffer rules as the methods above; returns the plan.
+  template <collective C, class T>
+  plan run_typed(T const* in, T* out, std::size_t count, redop op, int root, cudaStream_t s) {
+    using E = std::conditional_t<reduces(C), T, device::raw_byte>;  // copying collectives move bytes
+    return run<C>(in, out, count, device::element_dtype<T>(), op, root, s, &device::adaptive::adaptive_kernel<E, M, A>);
+  }
+
+  /// Points this object at its communicator again after that object moved (the lane's state is
+  /// the communicator's and moves with it).
+  void rebind(nvlink_communicator& c) noexcept { c_ = &c; }
+
   // ---- control and visibility
   /// Replaces the injected faults from this point of the stream on (stream-ordered copy).
   void inject(device_faults const& f, cudaStream_t s) { copy_in(&region()->faults, &f.table, sizeof(fault_table), s); }
@@ -260,7 +273,13 @@ class adaptive_lane {
   }
 
   template <collective C>
-  void run(void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t s) {
+  plan run(void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t s) {
+    return run<C>(in, out, count, t, op, root, s, select<C>(t));
+  }
+
+  template <collective C>
+  plan run(void const* in, void* out, std::size_t count, dtype t, redop op, int root, cudaStream_t s,
+           device::adaptive::kernel_fn_t k) {
     constexpr collective c = C;
     launch_options lo;
     lo.algo = algorithm::pipelined;
@@ -276,7 +295,7 @@ class adaptive_lane {
       c_->raise_rejection(lo.lane, s);  // peers already waiting in this call stop now
       throw;
     }
-    if (count == 0) return;
+    if (count == 0) return p;
     if (p.n_vts != o_.vts || p.ctas_per_vt != o_.ctas_per_vt)
       throw error(status::internal, "adaptive_lane: the communicator changed the VT geometry");
     a.vt_timeout_ns = o_.vt_timeout_ns;
@@ -287,7 +306,6 @@ class adaptive_lane {
     a.n_vts = o_.vts;
     a.data_ctas = p.grid;
     a.ablate = o_.ablate;
-    device::adaptive::kernel_fn_t const k = select<C>(t);
     if (k == nullptr) throw error(status::invalid_argument, "adaptive_lane: unknown dtype");
     RECCL_CUDA_CHECK(cudaSetDevice(c_->device()));
     cudaLaunchConfig_t cfg{};
@@ -301,6 +319,7 @@ class adaptive_lane {
     cfg.numAttrs = c_->config().pdl ? 1 : 0;
     cudaError_t const e = cudaLaunchKernelEx(&cfg, k, a);
     if (e != cudaSuccess) throw error(status::internal, std::string("adaptive kernel launch: ") + cudaGetErrorString(e));
+    return p;
   }
 
   nvlink_communicator* c_;

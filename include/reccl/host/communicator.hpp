@@ -59,6 +59,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <typeindex>
 #include <vector>
 
 #include "../config.hpp"
@@ -382,6 +383,32 @@ class nvlink_communicator {
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
   /// Stall counts per VT accumulated on `lane` since creation (pipelined senders' credit waits).
+  /// The object of type L attached to `lane` (the adaptive lane the composed types run there,
+  /// host/nvlink_collective.hpp), or nullptr when the lane has none or one of another type. The
+  /// object lives as long as the communicator's state (it moves with the communicator).
+  template <class L> L* attached(int lane) const {
+    check_lane(lane);
+    if (static_cast<std::size_t>(lane) >= s_->attached.size()) return nullptr;
+    auto const& a = s_->attached[static_cast<std::size_t>(lane)];
+    return a.type == std::type_index(typeid(L)) ? static_cast<L*>(a.obj.get()) : nullptr;
+  }
+  /// Attaches the object `make()` returns to `lane`, replacing an object of the same type; throws
+  /// before calling `make` if an object of another type holds the lane (two control loops would
+  /// share one control region).
+  template <class L, class Make> L& attach(int lane, Make&& make) {
+    check_lane(lane);
+    if (static_cast<std::size_t>(lane) >= s_->attached.size()) s_->attached.resize(static_cast<std::size_t>(s_->cfg.lanes));
+    auto& a = s_->attached[static_cast<std::size_t>(lane)];
+    if (a.obj != nullptr && a.type != std::type_index(typeid(L)))
+      throw error(status::invalid_argument,
+                  "lane " + std::to_string(lane) + " already runs an adaptive lane of other policies: give this one another lane",
+                  s_->rank);
+    auto p = std::make_shared<L>(make());
+    L& ref = *p;
+    a = {std::type_index(typeid(L)), std::move(p)};
+    return ref;
+  }
+
   std::array<std::uint64_t, max_vts> stalls(int lane) const {
     check_lane(lane);
     std::array<std::uint64_t, max_vts> a{};
@@ -406,6 +433,11 @@ class nvlink_communicator {
     bool devcomm_valid = false;
     std::uint32_t* hello_result = nullptr;
     std::vector<detail::registered_buffer> buffers;
+    struct attachment {
+      std::type_index type = std::type_index(typeid(void));
+      std::shared_ptr<void> obj;  ///< keeps its own deleter
+    };
+    std::vector<attachment> attached;  ///< per lane (attach()); host objects that own no device memory
 
     /// A destructor cannot throw: each failed call is reported on stderr (RECCL_*_REPORT) and the
     /// teardown goes on, releasing what it still can.

@@ -28,9 +28,24 @@
 // differ from the CPU engine's and transport::p2p's; with 2 ranks, and for every other dtype, they
 // are the same.
 //
-// Split: the Allocator's output passed as `vt_shares` (the same on every rank), else the tuning
-// table's VTs with equal shares. Telemetry: the one-shot and two-shot engines count no stalls, so
-// only a Telemetry with `enabled == false` composes with this transport (static_assert).
+// Policies: with telemetry::none and allocator::equal the type runs the engine above (the same
+// kernel as the runtime API: nothing is counted, the split is the tuning table's or `vt_shares`).
+// Any other pair closes the loop on the GPU: the type runs the adaptive lane of host/adaptive.hpp
+// with that Allocator and Telemetry (the one-shot pattern through the pipelined rings, any size;
+// each VT's waits timed, the split stepped on the device collective by collective, a dead VT
+// recovered inside the collective and probed back), so schedule::one_shot is the only schedule
+// there. The lane's loop state lives in the communicator (one per lane, attached at set-up):
+//
+//   using ar = reccl::all_reduce<__nv_bfloat16, reccl::schedule::one_shot, reccl::transport::nvlink,
+//                                reccl::telemetry::stalls, reccl::allocator::texcp>;
+//   reccl::setup_lane<ar>(comm, {.lane = 1, .vts = 8});    // every rank; before capturing a graph
+//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, {.lane = 1});
+//   auto reports = reccl::lane_of<ar>(comm, 1).reports(0, reccl::lane_of<ar>(comm, 1).epoch());
+//
+// A first run on a lane that was not set up sets it up with the defaults (adaptive_options, with
+// the call's lane and VTs), synchronously, so it is refused inside a stream capture. Every type
+// with the same Allocator and Telemetry shares the lane's loop (the split adapts to all of them);
+// another pair on the same lane is refused.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,10 +56,12 @@
 #include "../collective.hpp"
 #include "../device/launch.hpp"
 #include "../policy/allocator/allocator.hpp"
+#include "../policy/allocator/equal.hpp"
 #include "../policy/schedule/one_shot.hpp"
 #include "../policy/schedule/schedule.hpp"
 #include "../policy/schedule/two_shot.hpp"
 #include "../policy/telemetry/telemetry.hpp"
+#include "adaptive.hpp"
 #include "communicator.hpp"
 #include "error.hpp"
 
@@ -68,6 +85,37 @@ struct nvlink_call_options {
   std::int32_t vts = 0;                 ///< 0: from the tuning table (ignored with vt_shares)
   shares const* vt_shares = nullptr;    ///< the split (an Allocator's output); equal when null
 };
+
+/// Whether the composed type with these policies runs the adaptive lane (see the file comment).
+template <Telemetry M, Allocator A>
+inline constexpr bool nvlink_adaptive = M::enabled || !std::is_same_v<A, allocator::equal>;
+
+/// The adaptive lane the composed type Op (transport::nvlink, adaptive policies) runs on lane
+/// `lane` of `comm`: reports, samples, injected faults, cost models. Throws if it is not set up.
+template <class Op>
+adaptive_lane<typename Op::allocator_type, typename Op::telemetry_type>& lane_of(nvlink_communicator& comm, int lane) {
+  using L = adaptive_lane<typename Op::allocator_type, typename Op::telemetry_type>;
+  L* l = comm.attached<L>(lane);
+  if (l == nullptr)
+    throw error(status::invalid_argument, "lane " + std::to_string(lane) + " runs no adaptive lane of these policies", comm.rank());
+  l->rebind(comm);
+  return *l;
+}
+
+/// Sets up (or resets to equal shares) the adaptive lane of Op's policies on lane `o.lane` of this
+/// rank's communicator: call it on every rank with the same options, outside stream capture
+/// (it synchronises the device). Returns the lane.
+template <class Op>
+adaptive_lane<typename Op::allocator_type, typename Op::telemetry_type>& setup_lane(nvlink_communicator& comm,
+                                                                                     adaptive_options const& o = {},
+                                                                                     typename Op::allocator_type alloc = {}) {
+  using L = adaptive_lane<typename Op::allocator_type, typename Op::telemetry_type>;
+  static_assert(std::is_same_v<typename Op::transport_type, transport::nvlink> &&
+                    nvlink_adaptive<typename Op::telemetry_type, typename Op::allocator_type>,
+                "reccl: setup_lane is for composed types on transport::nvlink with a Telemetry or Allocator other than "
+                "none / equal");
+  return comm.attach<L>(o.lane, [&] { return std::move(L::create_all({&comm}, o, alloc).front()); });
+}
 
 namespace detail {
 
@@ -96,17 +144,10 @@ constexpr device::kernel_fn nvlink_kernel() {
   }
 }
 
-}  // namespace detail
-
-/// collective_op<Kind, T, S, transport::nvlink, M, A>::run(comm, send, recv, count, op, stream, options).
-/// Counts as in the runtime API: per rank, in elements (reccl/collective.hpp). Returns the plan run.
-template <collective Kind, class T, Schedule S, Telemetry M, Allocator A>
-plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint64_t count, redop op, cudaStream_t stream,
-                    nvlink_call_options const& o = {}) {
-  static_assert(S::supports(Kind), "reccl: this schedule does not implement this collective");
-  static_assert(!M::enabled,
-                "reccl: the one-shot and two-shot engines count no stalls: compose transport::nvlink with telemetry::none "
-                "(stall telemetry: transport::p2p, or the adaptive lane of host/adaptive.hpp)");
+/// The plain engines: Schedule S's kernel for T, the split from `vt_shares` or the tuning table.
+template <collective Kind, class T, class S>
+plan run_plain(nvlink_communicator& comm, T const* send, T* recv, std::uint64_t count, redop op, cudaStream_t stream,
+               nvlink_call_options const& o) {
   constexpr dtype t = device::element_dtype<T>();
   constexpr algorithm algo = detail::nvlink_algorithm<Kind, S>();
   launch_options lo;
@@ -136,6 +177,56 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
   if (prev != comm.device()) RECCL_CUDA_CHECK(cudaSetDevice(prev));
   if (e != cudaSuccess) throw error(status::internal, std::string("kernel launch: ") + cudaGetErrorString(e), comm.rank());
   return p;
+}
+
+}  // namespace detail
+
+/// collective_op<Kind, T, S, transport::nvlink, M, A>::run(comm, send, recv, count, op, stream, options).
+/// Counts as in the runtime API: per rank, in elements (reccl/collective.hpp). Returns the plan run.
+template <collective Kind, class T, Schedule S, Telemetry M, Allocator A>
+plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint64_t count, redop op, cudaStream_t stream,
+                    nvlink_call_options const& o = {}) {
+  static_assert(S::supports(Kind), "reccl: this schedule does not implement this collective");
+  if constexpr (nvlink_adaptive<M, A>) {
+    static_assert(std::is_same_v<S, schedule::one_shot>,
+                  "reccl: the adaptive lane (a Telemetry or Allocator other than none / equal on transport::nvlink) runs "
+                  "the one-shot pattern through pipelined rings: compose it with schedule::one_shot");
+    using Op = collective_op<Kind, T, S, transport::nvlink, M, A>;
+    using L = adaptive_lane<A, M>;
+    L* lane = comm.attached<L>(o.lane);
+    if (lane == nullptr) {
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      RECCL_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+      if (cs != cudaStreamCaptureStatusNone)
+        throw error(status::invalid_argument,
+                    "lane " + std::to_string(o.lane) + " has no adaptive lane yet and set-up synchronises: call "
+                    "reccl::setup_lane<Op>(comm, options) on every rank before capturing",
+                    comm.rank());
+      if (o.vts < 0 || o.ctas < 0 || (o.ctas != 0 && o.ctas % (o.vts != 0 ? o.vts : adaptive_options{}.vts) != 0))
+        throw error(status::invalid_argument,
+                    "ctas " + std::to_string(o.ctas) + " is not a whole number of CTAs per VT for lane " +
+                        std::to_string(o.lane),
+                    comm.rank());
+      adaptive_options ao;
+      ao.lane = o.lane;
+      if (o.vts != 0) ao.vts = o.vts;
+      if (o.ctas != 0) ao.ctas_per_vt = o.ctas / ao.vts;
+      lane = &setup_lane<Op>(comm, ao);
+    }
+    lane->rebind(comm);
+    adaptive_options const& lo = lane->options();
+    if (o.vt_shares != nullptr)
+      throw error(status::invalid_argument,
+                  "vt_shares: the adaptive lane chooses the split (adaptive_options::initial sets where it starts)", comm.rank());
+    if ((o.vts != 0 && o.vts != lo.vts) || (o.ctas != 0 && o.ctas != lo.vts * lo.ctas_per_vt))
+      throw error(status::invalid_argument,
+                  "lane " + std::to_string(o.lane) + " was set up with " + std::to_string(lo.vts) + " VTs x " +
+                      std::to_string(lo.ctas_per_vt) + " CTAs; this call asks for other VTs or CTAs",
+                  comm.rank());
+    return lane->template run_typed<Kind>(send, recv, count, op, o.root, stream);
+  } else {
+    return detail::run_plain<Kind, T, S>(comm, send, recv, count, op, stream, o);
+  }
 }
 
 }  // namespace reccl
