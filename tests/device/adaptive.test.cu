@@ -543,12 +543,12 @@ TEST_CASE("a composed adaptive type sets its lane up on first use, and refuses w
     try {
       f();
     } catch (reccl::error const& e) {
-      MESSAGE(e.what());
+      MESSAGE(std::string(e.what()));
       return e.code();
     }
     return reccl::status::ok;
   };
-  // lane 0 was never set up: inside a stream capture the set-up (which synchronises) is refused
+  // lane 0 was never set up: inside a stream capture the set-up (host copies) is refused
   for (int r = 0; r < w.n; ++r) REQUIRE(w.comms[r].attached<reccl::adaptive_lane<reccl::allocator::texcp>>(0) == nullptr);
   {
     lane_t l{&w.comms[0], 0};

@@ -110,26 +110,19 @@ class adaptive_lane {
   static std::vector<adaptive_lane> create_all(std::vector<nvlink_communicator*> const& comms, adaptive_options o = {},
                                                A alloc = {}) {
     if (comms.empty()) throw error(status::invalid_argument, "adaptive_lane: no communicator");
-    nvlink_config const& cfg = comms.front()->config();
-    if (o.vts < 1 || o.vts > max_vts) throw error(status::invalid_argument, "adaptive_lane: vts outside [1, max_vts]");
-    if (o.lane < 0 || o.lane >= cfg.lanes) throw error(status::invalid_argument, "adaptive_lane: no such lane");
-    if (o.control.probe_interval < 2)
-      throw error(status::invalid_argument, "adaptive_lane: probe_interval must be >= 2 (a failed probe resyncs its rings)");
-    if (((o.ablate & 6u) && !(o.ablate & 1u)) || ((o.ablate & 24u) && (o.ablate & 7u) != 7u))
-      throw error(status::invalid_argument, "adaptive_lane: ablate bits 1-2 need bit 0, bits 3-4 need bits 0-2");
-    if (o.vt_timeout_ns == 0 || o.vt_timeout_ns >= cfg.timeout_ns)
-      throw error(status::invalid_argument, "adaptive_lane: vt_timeout_ns must be in (0, the lane timeout)");
-    int sms = 0;
-    RECCL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comms.front()->device()));
-    int const fit = std::min(cfg.max_ctas, comms.front()->loopback() ? cfg.max_ctas - 1 : sms - 1);
-    if (o.ctas_per_vt == 0) o.ctas_per_vt = fit / o.vts;
-    if (o.ctas_per_vt < 1 || o.vts * o.ctas_per_vt > fit)
-      throw error(status::invalid_argument, "adaptive_lane: vts x ctas_per_vt + 1 control CTA must fit the GPU (" +
-                                                std::to_string(fit + 1) + " CTAs)");
-    if (o.chunk_bytes == 0) o.chunk_bytes = std::min(row_for(cfg.tune.pipelined, any_size).chunk_bytes, cfg.ring_chunk_bytes);
+    o = checked(*comms.front(), o);
     std::vector<adaptive_lane> out;
-    for (nvlink_communicator* c : comms) out.push_back(adaptive_lane(*c, o, alloc));
+    for (nvlink_communicator* c : comms) out.push_back(adaptive_lane(*c, o, alloc, nullptr));
     return out;
+  }
+
+  /// Sets up the lane on one rank's communicator in the order of stream `s`, without synchronising
+  /// the device: the lane's kernels issued on `s` after this call see the new control state
+  /// (equal shares; the epoch counter continues). Kernels of this lane still in flight on other
+  /// streams must have finished. Not inside a stream capture (the state is copied from host memory).
+  /// Every rank sets up with the same options before its first collective on the lane.
+  static adaptive_lane create_on_stream(nvlink_communicator& c, adaptive_options o, A alloc, cudaStream_t s) {
+    return adaptive_lane(c, checked(c, o), alloc, &s);
   }
 
   adaptive_lane(adaptive_lane&&) noexcept = default;
@@ -203,28 +196,64 @@ class adaptive_lane {
   telemetry::cost_model_q const& prior() const { return o_.model; }
 
  private:
-  adaptive_lane(nvlink_communicator& c, adaptive_options const& o, A const& alloc) : c_(&c), o_(o) {
+  /// `o` checked against the communicator's geometry, defaults filled in.
+  static adaptive_options checked(nvlink_communicator const& c, adaptive_options o) {
+    nvlink_config const& cfg = c.config();
+    if (o.vts < 1 || o.vts > max_vts) throw error(status::invalid_argument, "adaptive_lane: vts outside [1, max_vts]");
+    if (o.lane < 0 || o.lane >= cfg.lanes) throw error(status::invalid_argument, "adaptive_lane: no such lane");
+    if (o.control.probe_interval < 2)
+      throw error(status::invalid_argument, "adaptive_lane: probe_interval must be >= 2 (a failed probe resyncs its rings)");
+    if (((o.ablate & 6u) && !(o.ablate & 1u)) || ((o.ablate & 24u) && (o.ablate & 7u) != 7u))
+      throw error(status::invalid_argument, "adaptive_lane: ablate bits 1-2 need bit 0, bits 3-4 need bits 0-2");
+    if (o.vt_timeout_ns == 0 || o.vt_timeout_ns >= cfg.timeout_ns)
+      throw error(status::invalid_argument, "adaptive_lane: vt_timeout_ns must be in (0, the lane timeout)");
+    int sms = 0;
+    RECCL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c.device()));
+    int const fit = std::min(cfg.max_ctas, c.loopback() ? cfg.max_ctas - 1 : sms - 1);
+    if (o.ctas_per_vt == 0) o.ctas_per_vt = fit / o.vts;
+    if (o.ctas_per_vt < 1 || o.vts * o.ctas_per_vt > fit)
+      throw error(status::invalid_argument, "adaptive_lane: vts x ctas_per_vt + 1 control CTA must fit the GPU (" +
+                                                std::to_string(fit + 1) + " CTAs)");
+    if (o.chunk_bytes == 0) o.chunk_bytes = std::min(row_for(cfg.tune.pipelined, any_size).chunk_bytes, cfg.ring_chunk_bytes);
+    if (o.initial.n_vts != 0 && (o.initial.n_vts != o.vts || check(o.initial) != status::ok))
+      throw error(status::invalid_argument, "adaptive_lane: initial shares are not valid shares over vts VTs");
+    return o;
+  }
+
+  /// Installs a fresh control state from the lane's current epoch on (epochs only grow, so records
+  /// and flags of an earlier state on this lane are never mistaken for new ones); the report and
+  /// sample rings stay. `ordered_on` null: synchronously, after every kernel on the device;
+  /// otherwise in that stream's order.
+  adaptive_lane(nvlink_communicator& c, adaptive_options const& o, A const& alloc, cudaStream_t const* ordered_on)
+      : c_(&c), o_(o) {
+    using device::adaptive::control_region;
     RECCL_CUDA_CHECK(cudaSetDevice(c.device()));
-    device::adaptive::control_region* R = region();
-    // a fresh control state from the lane's current epoch on (epochs only grow, so records and
-    // flags of an earlier state on this lane are never mistaken for new ones); the report and
-    // sample rings stay
-    std::size_t const head = offsetof(device::adaptive::control_region, reports);
+    control_region* R = region();
+    std::size_t const head = offsetof(control_region, reports);
     std::vector<unsigned char> h(head, 0);
-    auto* H = reinterpret_cast<device::adaptive::control_region*>(h.data());
-    RECCL_CUDA_CHECK(cudaMemcpy(&H->epoch, &R->epoch, sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
-    RECCL_CUDA_CHECK(cudaMemcpy(&H->recovered, &R->recovered, sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
-    H->first_epoch = H->epoch;
+    auto* H = reinterpret_cast<control_region*>(h.data());
     control<A> start = control<A>::start(o.vts, alloc, o.control, o.model);
-    if (o.initial.n_vts != 0) {
-      if (o.initial.n_vts != o.vts || check(o.initial) != status::ok)
-        throw error(status::invalid_argument, "adaptive_lane: initial shares are not valid shares over vts VTs");
-      start.share = o.initial;
-    }
+    if (o.initial.n_vts != 0) start.share = o.initial;
     for (int k = 0; k < 2; ++k) std::memcpy(H->chain[k], &start, sizeof(start));
-    RECCL_CUDA_CHECK(cudaDeviceSynchronize());
-    RECCL_CUDA_CHECK(cudaMemcpy(R, h.data(), head, cudaMemcpyHostToDevice));
-    RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+    if (ordered_on == nullptr) {
+      RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+      RECCL_CUDA_CHECK(cudaMemcpy(&H->epoch, &R->epoch, sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+      RECCL_CUDA_CHECK(cudaMemcpy(&H->recovered, &R->recovered, sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+      H->first_epoch = H->epoch;
+      RECCL_CUDA_CHECK(cudaMemcpy(R, h.data(), head, cudaMemcpyHostToDevice));
+      RECCL_CUDA_CHECK(cudaDeviceSynchronize());
+      return;
+    }
+    // the same image without reading the device: epoch and recovered stay where they are,
+    // first_epoch is copied from epoch on the device. Copies from pageable memory return once the
+    // source is staged, so `h` may go when this returns.
+    cudaStream_t const s = *ordered_on;
+    std::size_t const q = offsetof(control_region, quiet_tag), rec = offsetof(control_region, recovered);
+    std::size_t const after_rec = rec + sizeof(std::uint64_t);
+    auto* const Rb = reinterpret_cast<unsigned char*>(R);
+    RECCL_CUDA_CHECK(cudaMemcpyAsync(&R->first_epoch, &R->epoch, sizeof(std::uint64_t), cudaMemcpyDeviceToDevice, s));
+    RECCL_CUDA_CHECK(cudaMemcpyAsync(Rb + q, h.data() + q, rec - q, cudaMemcpyHostToDevice, s));
+    RECCL_CUDA_CHECK(cudaMemcpyAsync(Rb + after_rec, h.data() + after_rec, head - after_rec, cudaMemcpyHostToDevice, s));
   }
 
   device::adaptive::control_region* region() const { return c_->lane_view(o_.lane).ctl(); }

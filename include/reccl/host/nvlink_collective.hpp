@@ -43,7 +43,7 @@
 //   auto reports = reccl::lane_of<ar>(comm, 1).reports(0, reccl::lane_of<ar>(comm, 1).epoch());
 //
 // A first run on a lane that was not set up sets it up with the defaults (adaptive_options, with
-// the call's lane and VTs), synchronously, so it is refused inside a stream capture. Every type
+// the call's lane and VTs), in the call's stream order; inside a stream capture it is refused. Every type
 // with the same Allocator and Telemetry shares the lane's loop (the split adapts to all of them);
 // another pair on the same lane is refused.
 #pragma once
@@ -199,8 +199,9 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
       RECCL_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
       if (cs != cudaStreamCaptureStatusNone)
         throw error(status::invalid_argument,
-                    "lane " + std::to_string(o.lane) + " has no adaptive lane yet and set-up synchronises: call "
-                    "reccl::setup_lane<Op>(comm, options) on every rank before capturing",
+                    "lane " + std::to_string(o.lane) +
+                        " has no adaptive lane yet and its set-up copies from host memory, which a graph cannot "
+                        "replay: call reccl::setup_lane<Op>(comm, options) on every rank before capturing",
                     comm.rank());
       if (o.vts < 0 || o.ctas < 0 || (o.ctas != 0 && o.ctas % (o.vts != 0 ? o.vts : adaptive_options{}.vts) != 0))
         throw error(status::invalid_argument,
@@ -211,7 +212,9 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
       ao.lane = o.lane;
       if (o.vts != 0) ao.vts = o.vts;
       if (o.ctas != 0) ao.ctas_per_vt = o.ctas / ao.vts;
-      lane = &setup_lane<Op>(comm, ao);
+      // in the call's stream order: a device-wide synchronisation here would wait for the
+      // kernels of peers driven from this process, which wait for this rank
+      lane = &comm.attach<L>(o.lane, [&] { return L::create_on_stream(comm, ao, A{}, stream); });
     }
     lane->rebind(comm);
     adaptive_options const& lo = lane->options();
