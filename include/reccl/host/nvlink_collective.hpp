@@ -6,7 +6,7 @@
 //   using ar = reccl::all_reduce<__nv_bfloat16, reccl::schedule::one_shot, reccl::transport::nvlink,
 //                                reccl::telemetry::none, reccl::allocator::equal>;
 //   ar::run(comm, send, recv, count, reccl::redop::sum, stream);              // every rank
-//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, {.vt_shares = &s});
+//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, reccl::nvlink_call_options{.vt_shares = &s});
 //
 // Schedule -> engine (device/engine/), chosen at compile time:
 //   schedule::one_shot   every collective     one_shot_kernel<T> for fp32/fp16/bf16 reductions
@@ -39,7 +39,7 @@
 //   using ar = reccl::all_reduce<__nv_bfloat16, reccl::schedule::one_shot, reccl::transport::nvlink,
 //                                reccl::telemetry::stalls, reccl::allocator::texcp>;
 //   reccl::setup_lane<ar>(comm, {.lane = 1, .vts = 8});    // every rank; before capturing a graph
-//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, {.lane = 1});
+//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, reccl::nvlink_call_options{.lane = 1});
 //   auto reports = reccl::lane_of<ar>(comm, 1).reports(0, reccl::lane_of<ar>(comm, 1).epoch());
 //
 // A first run on a lane that was not set up sets it up with the defaults (adaptive_options, with

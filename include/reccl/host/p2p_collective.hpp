@@ -5,7 +5,7 @@
 //   using ar = reccl::all_reduce<float, reccl::schedule::ring, reccl::transport::p2p,
 //                                reccl::telemetry::stalls, reccl::allocator::equal>;
 //   ar::run(comm, send, recv, count, reccl::redop::sum, stream);         // every rank, own stream
-//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, {.n_vts = 4, .vt_shares = &s});
+//   ar::run(comm, send, recv, count, reccl::redop::sum, stream, reccl::gpu_call_options{.n_vts = 4, .vt_shares = &s});
 //
 // Counts as in the CPU engine (reccl/collective.hpp). Stream-ordered and capturable: no host
 // synchronisation. Buffers are any device memory this GPU can read and write (plain cudaMalloc
