@@ -382,7 +382,6 @@ class nvlink_communicator {
     detail::raise_rejection_kernel<<<1, 32, 0, stream>>>(view(lane));
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
-  /// Stall counts per VT accumulated on `lane` since creation (pipelined senders' credit waits).
   /// The object of type L attached to `lane` (the adaptive lane the composed types run there,
   /// host/nvlink_collective.hpp), or nullptr when the lane has none or one of another type. The
   /// object lives as long as the communicator's state (it moves with the communicator).
@@ -409,6 +408,7 @@ class nvlink_communicator {
     return ref;
   }
 
+  /// Stall counts per VT accumulated on `lane` since creation (pipelined senders' credit waits).
   std::array<std::uint64_t, max_vts> stalls(int lane) const {
     check_lane(lane);
     std::array<std::uint64_t, max_vts> a{};
