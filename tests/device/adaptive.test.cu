@@ -97,7 +97,7 @@ world* get_world() {
     w->in.push_back(a);
     w->out.push_back(b);
   }
-  MESSAGE((w->loop ? "loopback: " : "NCCL: ") << std::to_string(w->n) << " ranks");
+  MESSAGE(std::string(w->loop ? "loopback: " : "NCCL: ") + std::to_string(w->n) + " ranks");
   g_world = w;
   return w;
 }
