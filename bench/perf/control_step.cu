@@ -3,7 +3,7 @@
 // adaptive kernels do once per collective. Times 2,000 dependent steps with CUDA events and prints
 // nanoseconds per step, per allocator and VT count (JSON with --json FILE).
 //
-//   control_step [--json out.json]
+//   control_step [--parts] [--json out.json]      --parts: the texcp step's parts one at a time
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -53,6 +53,100 @@ __global__ void step_kernel(int n_vts, int nranks, int steps, std::uint64_t coun
   *out = sp;
 }
 
+/// The step's parts one at a time (--parts): each kernel runs `steps` iterations of one piece on one
+/// thread, its input perturbed by the previous result so nothing is hoisted. `what`: 0 records
+/// built and sealed (nranks), 1 + step without report, 2 + step with report, 3 + split_for (the
+/// lane's whole step), 4 combine alone, 5 the allocator's update alone, 6 digest alone,
+/// 7 to_split alone, 8 record_checksum alone (nranks).
+template <class A, int what>
+__global__ void part_kernel(int n_vts, int nranks, int steps, std::uint64_t count, unsigned long long* sink) {
+  using namespace reccl;
+  auto ctl = control<A>::start(n_vts);
+  epoch_record recs[8];
+  split sp = ctl.split_for(count, 8);
+  unsigned long long acc = 0;
+  auto build = [&](int k) {
+    for (int r = 0; r < nranks; ++r) {
+      telemetry::stalls tel{};
+      for (int v = 0; v < n_vts; ++v) {
+        tel.add_bytes(v, sp.count[v] * 2 + static_cast<unsigned>(k & 1));
+        tel.add_stalls(v, (v == 3 ? 4000u : 100u) + ((sp.count[v] >> 4) & 63u) + static_cast<unsigned>(r));
+      }
+      recs[r] = ctl.record(r, tel, 0, 0);
+    }
+  };
+  if constexpr (what <= 3) {
+    for (int k = 0; k < steps; ++k) {
+      build(k);
+      if constexpr (what == 0) {
+        acc += recs[nranks - 1].checksum;
+        sp.count[0] += recs[0].checksum & 1u;  // feeds the next records
+        ++ctl.epoch;
+        continue;
+      }
+      epoch_report rep{};
+      step_result const res = ctl.step(recs, nranks, what >= 2 ? &rep : nullptr);
+      acc += static_cast<unsigned long long>(res.st) + rep.bw_mbps[0];
+      if constexpr (what == 3) sp = ctl.split_for(count, 8);
+      else sp.count[0] += ctl.share.w[0] & 1u;
+    }
+  } else {
+    build(0);
+    telemetry::cost_model_q m{};
+    shares sh = ctl.share;
+    vt_observation obs{};
+    obs.n_vts = n_vts;
+    obs.live_mask = all_live(n_vts);
+    for (int v = 0; v < n_vts; ++v) obs.time[v] = v == 3 ? 4000 : 1000;
+    for (int k = 0; k < steps; ++k) {
+      if constexpr (what == 4) {
+        epoch_summary const su = combine(recs, nranks, epoch_expect{ctl.epoch, n_vts, recs[0].state_digest}, m);
+        acc += su.time[0];
+        m.delta += su.time[1] & 1u;
+      } else if constexpr (what == 5) {
+        sh = ctl.allocator.update(sh, obs);
+        obs.time[1] += sh.w[1] & 7u;
+        acc += sh.w[3];
+      } else if constexpr (what == 6) {
+        acc += ctl.digest();
+        ctl.epoch += acc & 1u;
+        ++ctl.since_probe;
+      } else if constexpr (what == 7) {
+        split const t = to_split(sh, count + (acc & 15u), 8);
+        acc += t.count[1];
+      } else {
+        for (int r = 0; r < nranks; ++r) {
+          acc += record_checksum(recs[r]);
+          recs[r].stalls[0] += acc & 1u;
+        }
+      }
+    }
+  }
+  *sink = acc;
+}
+
+template <int what>
+double time_part(int n_vts, int nranks, int steps) {
+  using A = reccl::allocator::texcp;
+  unsigned long long* d = nullptr;
+  CK(cudaMalloc(&d, sizeof(unsigned long long)));
+  std::uint64_t const count = 64ull << 20;
+  part_kernel<A, what><<<1, 1>>>(n_vts, nranks, 10, count, d);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
+  part_kernel<A, what><<<1, 1>>>(n_vts, nranks, steps, count, d);
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaFree(d));
+  return ms * 1e6 / steps;
+}
+
 template <class A>
 double time_steps(char const* name, int n_vts, int nranks, std::string& json) {
   reccl::split* d_sp = nullptr;
@@ -94,15 +188,37 @@ double time_steps(char const* name, int n_vts, int nranks, std::string& json) {
 
 int main(int argc, char** argv) {
   std::string out;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--json") == 0) out = argv[i + 1];
+  bool parts = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) out = argv[i + 1];
+    if (std::strcmp(argv[i], "--parts") == 0) parts = true;
+  }
   std::string rows;
-  for (int ranks : {2, 8})
-    for (int v : {8, 16}) {
-      time_steps<reccl::allocator::texcp>("texcp", v, ranks, rows);
-      time_steps<reccl::allocator::aimd>("aimd", v, ranks, rows);
-      time_steps<reccl::allocator::equal>("equal", v, ranks, rows);
+  if (parts) {
+    // texcp, 8 VTs: what each part of the lane's step costs one thread (ns per step)
+    static double (*const parts_table[])(int, int, int) = {time_part<0>, time_part<1>, time_part<2>, time_part<3>, time_part<4>,
+                                                            time_part<5>, time_part<6>, time_part<7>, time_part<8>};
+    static char const* const names[] = {"records built (bench only)", "+ step, no report", "+ step with report",
+                                        "+ split_for (the lane's step)", "combine alone", "texcp update alone",
+                                        "digest alone", "to_split alone", "record_checksum x nranks"};
+    for (int ranks : {2, 8}) {
+      for (int what = 0; what <= 8; ++what) {
+        double const ns = parts_table[what](8, ranks, 2000);
+        std::printf("texcp vts=8 ranks=%d  %-32s %8.0f ns\n", ranks, names[what], ns);
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "%s{\"part\":\"%s\",\"ranks\":%d,\"ns\":%.1f}", rows.empty() ? "" : ",",
+                      names[what], ranks, ns);
+        rows += buf;
+      }
     }
+  } else {
+    for (int ranks : {2, 8})
+      for (int v : {8, 16}) {
+        time_steps<reccl::allocator::texcp>("texcp", v, ranks, rows);
+        time_steps<reccl::allocator::aimd>("aimd", v, ranks, rows);
+        time_steps<reccl::allocator::equal>("equal", v, ranks, rows);
+      }
+  }
   if (!out.empty()) {
     FILE* f = std::fopen(out.c_str(), "w");
     if (f == nullptr) return 1;
