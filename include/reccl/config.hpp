@@ -20,6 +20,15 @@
 #  define RECCL_DEVICE_COMPILE 0
 #endif
 
+// RECCL_UNROLL before a loop over a compile-time trip count (max_vts) in policy code: on the device
+// the loop is unrolled, so arrays indexed by its counter stay in registers instead of the thread's
+// local memory (the control step runs on one thread; bench/NOTES.md 56). Nothing on the host.
+#if defined(__CUDA_ARCH__)
+#  define RECCL_UNROLL _Pragma("unroll")
+#else
+#  define RECCL_UNROLL
+#endif
+
 namespace reccl {
 
 /// Most virtual topologies (VTs, channels) one collective may use. Fixed so that splits, telemetry

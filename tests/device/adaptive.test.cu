@@ -97,7 +97,8 @@ world* get_world() {
     w->in.push_back(a);
     w->out.push_back(b);
   }
-  MESSAGE(std::string(w->loop ? "loopback: " : "NCCL: ") + std::to_string(w->n) + " ranks");
+  std::string const world = std::string(w->loop ? "loopback: " : "NCCL: ") + std::to_string(w->n) + " ranks";
+  MESSAGE(world);
   g_world = w;
   return w;
 }

@@ -177,6 +177,47 @@ TEST_CASE("to_split: rounding ties go to the lower VT id, the last live VT takes
   CHECK(tp.count[3] == 0);
 }
 
+TEST_CASE("largest-remainder rounding: the counted order equals one pick at a time") {
+  // The rule give_leftover implements, written the plain way: `leftover` times, +1 to the live VT
+  // with the largest remainder not yet served (ties: the lower id); all served: a new round.
+  auto reference = [](std::uint64_t* q, std::uint64_t const* rem, std::uint32_t mask, std::uint64_t leftover) {
+    std::uint32_t taken = 0;
+    mask &= all_live(max_vts);
+    if (mask == 0) return;
+    while (leftover > 0) {
+      int best = -1;
+      for (int i = 0; i < max_vts; ++i)
+        if (((mask >> i) & 1u) && !((taken >> i) & 1u) && (best < 0 || rem[i] > rem[best])) best = i;
+      if (best < 0) {
+        taken = 0;
+        continue;
+      }
+      ++q[best];
+      taken |= 1u << best;
+      --leftover;
+    }
+  };
+  std::mt19937_64 rng(7);
+  int checked = 0;
+  for (int k = 0; k < 20000; ++k) {
+    std::uint32_t const mask = static_cast<std::uint32_t>(rng()) & all_live(max_vts);
+    std::uint64_t rem[max_vts], q0[max_vts], q1[max_vts];
+    std::uint64_t const range = k % 3 == 0 ? 3 : (k % 3 == 1 ? 1000 : ~0ull);  // many ties, some, few
+    for (int i = 0; i < max_vts; ++i) {
+      rem[i] = range == ~0ull ? rng() : rng() % range;
+      q0[i] = q1[i] = rng() % 100;
+    }
+    std::uint64_t const leftover = k % 5 == 0 ? rng() % 40 : rng() % (max_vts + 1);  // also >= the live count
+    detail::give_leftover(q0, rem, mask, leftover);
+    reference(q1, rem, mask, leftover);
+    bool same = true;
+    for (int i = 0; i < max_vts; ++i) same = same && q0[i] == q1[i];
+    CHECK_MESSAGE(same, "mask " << mask << " leftover " << leftover);
+    ++checked;
+  }
+  CHECK(checked == 20000);
+}
+
 TEST_CASE("to_split rejects bad input with an empty split") {
   shares bad = equal_shares(4, 0xf);
   bad.w[1] -= 5;

@@ -182,12 +182,18 @@ RECCL_HOST_DEVICE constexpr epoch_summary combine(epoch_record const* records, i
     }
   }
   s.probe_ok_mask = all_live(expect.n_vts);
-  for (int i = 0; i < expect.n_vts; ++i) s.slowest_rank[i] = -1;
+  int const n = expect.n_vts;
+  // VT loops run to max_vts and skip VTs >= n: unrolled on the device, the summary stays in registers
+  RECCL_UNROLL
+  for (int i = 0; i < max_vts; ++i)
+    if (i < n) s.slowest_rank[i] = -1;
   for (int r = 0; r < nranks; ++r) {
     epoch_record const& rec = records[r];
     s.fault_mask |= rec.fault_mask;
     s.probe_ok_mask &= rec.probe_ok_mask;
-    for (int i = 0; i < expect.n_vts; ++i) {
+    RECCL_UNROLL
+    for (int i = 0; i < max_vts; ++i) {
+      if (i >= n) continue;
       s.stalls[i] += rec.stalls[i];
       s.bytes[i] += rec.bytes[i];
       if (rec.bytes[i] == 0 && rec.stalls[i] == 0) continue;  // this rank had no part in VT i
@@ -199,8 +205,9 @@ RECCL_HOST_DEVICE constexpr epoch_summary combine(epoch_record const* records, i
     }
   }
   s.fault_mask &= all_live(expect.n_vts);
-  for (int i = 0; i < expect.n_vts; ++i)
-    if (s.bytes[i] == 0) s.time[i] = 0;  // stalls without bytes: no estimate of the VT's speed
+  RECCL_UNROLL
+  for (int i = 0; i < max_vts; ++i)
+    if (i < n && s.bytes[i] == 0) s.time[i] = 0;  // stalls without bytes: no estimate of the VT's speed
   return s;
 }
 
