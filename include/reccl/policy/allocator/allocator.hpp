@@ -65,25 +65,24 @@ RECCL_HOST_DEVICE constexpr status check(shares const& s) {
 namespace detail {
 
 /// Largest-remainder rounding: adds 1 to q[i] for the `leftover` live VTs with the largest rem[i];
-/// ties go to the lower VT id (a leftover of the live VT count or more gives every live VT one per
-/// full round first). Each VT's place in that order is counted, not searched for: no index is
-/// computed at run time, so on the device q and rem stay in registers. O(max_vts^2) comparisons.
+/// ties go to the lower VT id. O(leftover * max_vts); leftover is below the live VT count.
 RECCL_HOST_DEVICE constexpr void give_leftover(std::uint64_t* q, std::uint64_t const* rem, std::uint32_t mask,
                                                std::uint64_t leftover) {
-  mask &= all_live(max_vts);
-  if (leftover == 0 || mask == 0) return;
-  std::uint64_t n = 0;
-  RECCL_UNROLL
-  for (int i = 0; i < max_vts; ++i) n += (mask >> i) & 1u;
-  std::uint64_t const rounds = leftover / n, extra = leftover % n;
-  RECCL_UNROLL
-  for (int i = 0; i < max_vts; ++i) {
-    if (!((mask >> i) & 1u)) continue;
-    std::uint64_t ahead = 0;  // live VTs before i: a larger remainder, or the same with a lower id
-    RECCL_UNROLL
-    for (int j = 0; j < max_vts; ++j)
-      ahead += ((mask >> j) & 1u) != 0 && (rem[j] > rem[i] || (rem[j] == rem[i] && j < i));
-    q[i] += rounds + (ahead < extra ? 1u : 0u);
+  std::uint32_t taken = 0;
+  for (; leftover > 0; --leftover) {
+    int best = -1;
+    for (int i = 0; i < max_vts; ++i) {
+      if (!((mask >> i) & 1u) || ((taken >> i) & 1u)) continue;
+      if (best < 0 || rem[i] > rem[best]) best = i;  // strict '>': ties stay with the lower id
+    }
+    if (best < 0) {  // only for inconsistent inputs (leftover >= live VTs): start another round
+      if (taken == 0) return;
+      taken = 0;
+      ++leftover;
+      continue;
+    }
+    q[best] += 1;
+    taken |= 1u << best;
   }
 }
 
@@ -94,22 +93,18 @@ RECCL_HOST_DEVICE constexpr void distribute(std::uint64_t const* raw, std::uint3
                                             std::uint32_t* out) {
   // Scale raw down so the largest is below 2^32: then raw * target (target <= 2^31) fits in 64 bits.
   std::uint64_t hi = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if ((mask >> i) & 1u && raw[i] > hi) hi = raw[i];
   int shift = 0;
   while ((hi >> shift) >= (std::uint64_t{1} << 32)) ++shift;
   std::uint64_t r[max_vts] = {}, sum = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if ((mask >> i) & 1u) sum += (r[i] = raw[i] >> shift);
   if (sum == 0) {
-    RECCL_UNROLL
     for (int i = 0; i < max_vts; ++i)
       if ((mask >> i) & 1u) sum += (r[i] = 1);
   }
   std::uint64_t q[max_vts] = {}, rem[max_vts] = {}, given = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i) {
     if (!((mask >> i) & 1u)) continue;
     q[i] = r[i] * target / sum;
@@ -117,7 +112,6 @@ RECCL_HOST_DEVICE constexpr void distribute(std::uint64_t const* raw, std::uint3
     given += q[i];
   }
   give_leftover(q, rem, mask, target - given);
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if ((mask >> i) & 1u) out[i] = static_cast<std::uint32_t>(q[i]);
 }
@@ -129,14 +123,12 @@ RECCL_HOST_DEVICE constexpr void distribute(std::uint64_t const* raw, std::uint3
 RECCL_HOST_DEVICE constexpr void apply_floor(std::uint32_t* w, std::uint32_t mask, std::uint32_t floor) {
   int n = 0;
   std::uint64_t total = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if ((mask >> i) & 1u) ++n, total += w[i];
   if (n == 0) return;
   if (static_cast<std::uint64_t>(floor) * n > total) floor = static_cast<std::uint32_t>(total / n);
   std::uint64_t deficit = 0, excess[max_vts] = {}, excess_total = 0;
   std::uint32_t donors = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i) {
     if (!((mask >> i) & 1u)) continue;
     if (w[i] < floor) {
@@ -150,7 +142,6 @@ RECCL_HOST_DEVICE constexpr void apply_floor(std::uint32_t* w, std::uint32_t mas
   // Donors keep floor plus their excess scaled down to excess_total - deficit.
   std::uint32_t kept[max_vts] = {};
   distribute(excess, donors, excess_total - deficit, kept);
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if ((mask >> i) & 1u) w[i] = ((donors >> i) & 1u) ? floor + kept[i] : floor;
 }
@@ -159,13 +150,11 @@ RECCL_HOST_DEVICE constexpr void apply_floor(std::uint32_t* w, std::uint32_t mas
 /// ratios (floor division); 0 (no estimate) stays 0. Returns the scaled times through `t`.
 RECCL_HOST_DEVICE constexpr void normalize_times(std::uint64_t const* time, std::uint32_t mask, std::uint64_t* t) {
   std::uint64_t hi = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if ((mask >> i) & 1u && time[i] > hi) hi = time[i];
   int shift = 0;  // keep time << 20 below 2^63
   while ((hi >> shift) >= (std::uint64_t{1} << 43)) ++shift;
   std::uint64_t const top = hi >> shift;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i) {
     t[i] = 0;
     if (!((mask >> i) & 1u) || time[i] == 0 || top == 0) continue;
@@ -177,7 +166,6 @@ RECCL_HOST_DEVICE constexpr void normalize_times(std::uint64_t const* time, std:
 /// VTs that are live in `s` and have an estimate (time > 0) in `o`.
 RECCL_HOST_DEVICE constexpr std::uint32_t estimated(shares const& s, vt_observation const& o) {
   std::uint32_t m = 0;
-  RECCL_UNROLL
   for (int i = 0; i < max_vts; ++i)
     if (((s.live_mask >> i) & 1u) && o.time[i] > 0) m |= 1u << i;
   return m;
@@ -238,8 +226,7 @@ RECCL_HOST_DEVICE constexpr split to_split(shares const& s, std::uint64_t total,
   std::uint64_t const hi = granules >> 30, lo = granules & (share_one - 1);
   std::uint64_t q[max_vts] = {}, rem[max_vts] = {}, given = 0;
   int last = 0;
-  RECCL_UNROLL
-  for (int i = 0; i < max_vts; ++i) {  // live bits lie below n_vts (check)
+  for (int i = 0; i < s.n_vts; ++i) {
     if (!((s.live_mask >> i) & 1u)) continue;
     std::uint64_t const low = s.w[i] * lo;  // < 2^61
     q[i] = s.w[i] * hi + (low >> 30);
@@ -248,8 +235,8 @@ RECCL_HOST_DEVICE constexpr split to_split(shares const& s, std::uint64_t total,
     last = i;
   }
   detail::give_leftover(q, rem, s.live_mask, granules - given);
-  RECCL_UNROLL
-  for (int i = 0; i < max_vts; ++i) out.count[i] = q[i] * granule + (i == last ? total % granule : 0);
+  for (int i = 0; i < s.n_vts; ++i) out.count[i] = q[i] * granule;
+  out.count[last] += total % granule;
   return out;
 }
 

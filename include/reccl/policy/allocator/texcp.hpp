@@ -73,17 +73,12 @@ struct texcp {
     detail::normalize_times(o.time, est, t);
     std::uint64_t mass = 0, weighted = 0;  // Σ w_i and Σ w_i t_i (< 2^50) over the estimated VTs
     int n_est = 0, slowest = -1;
-    std::uint64_t t_slowest = 0;  // t[slowest], kept aside: no index computed at run time
-    RECCL_UNROLL
     for (int i = 0; i < max_vts; ++i) {
       if (!((est >> i) & 1u)) continue;
       ++n_est;
       mass += s.w[i];
       weighted += s.w[i] * t[i];
-      if (slowest < 0 || t[i] > t_slowest) {  // ties: the lower id
-        slowest = i;
-        t_slowest = t[i];
-      }
+      if (slowest < 0 || t[i] > t[slowest]) slowest = i;  // ties: the lower id
     }
     if (n_est < 2 || mass == 0) {
       detail::apply_floor(s.w, s.live_mask, min_share);
@@ -93,7 +88,6 @@ struct texcp {
     if (mean == 0) mean = 1;
     std::int64_t ratio[max_vts] = {};  // T_i / T̄, Q16
     bool hold = true;                  // balanced within the dead band: every estimated VT
-    RECCL_UNROLL
     for (int i = 0; i < max_vts; ++i) {
       if (!((est >> i) & 1u)) continue;
       ratio[i] = static_cast<std::int64_t>((t[i] << 16) / mean);
@@ -108,7 +102,6 @@ struct texcp {
     // to w_i · f_i, so the clamp is a guarantee, not just a bound before renormalization.
     std::uint64_t raw[max_vts] = {}, clamped_sum = 0;
     std::uint32_t clamped = 0;
-    RECCL_UNROLL
     for (int i = 0; i < max_vts; ++i) {
       if (!((est >> i) & 1u)) continue;
       std::int64_t f = 65536 + step * (65536 - ratio[i]) / 65536;
@@ -123,7 +116,6 @@ struct texcp {
     }
     std::uint32_t const unclamped = est & ~clamped;
     if (clamped != 0 && unclamped != 0 && clamped_sum < mass) {
-      RECCL_UNROLL
       for (int i = 0; i < max_vts; ++i)
         if ((clamped >> i) & 1u) s.w[i] = static_cast<std::uint32_t>(raw[i] >> 16);
       detail::distribute(raw, unclamped, mass - clamped_sum, s.w);
