@@ -20,9 +20,19 @@
 #  define RECCL_DEVICE_COMPILE 0
 #endif
 
+// RECCL_EXEC_CHECK_DISABLE before a host-and-device template whose arguments may bring
+// device-only code (control::step with device::warp_exec): each instantiation is then checked only
+// where it is called.
+#if defined(__CUDACC__)
+#  define RECCL_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#  define RECCL_EXEC_CHECK_DISABLE
+#endif
+
 // RECCL_UNROLL before a loop over a compile-time trip count (max_vts) in policy code: on the device
 // the loop is unrolled, so arrays indexed by its counter stay in registers instead of the thread's
-// local memory (the control step runs on one thread; bench/NOTES.md 56). Nothing on the host.
+// local memory. Used where it measured faster (combine); in the allocators the unrolled code ran
+// slower than the rolled one on one thread (bench/NOTES.md 56-57). Nothing on the host.
 #if defined(__CUDA_ARCH__)
 #  define RECCL_UNROLL _Pragma("unroll")
 #else

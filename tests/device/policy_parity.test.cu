@@ -1,15 +1,20 @@
 // Host/device agreement of the policy layer (label gpu): the same random inputs through the same
 // headers on the CPU and inside a kernel must give the same bits -- the allocators' updates
 // (texcp, proportional, aimd), to_split, the quantized cost model, the epoch checksum and the
-// control step with faults and probes. This is what lets every rank, host or device, compute the
-// same split. All 20,000 cases must agree; without a GPU the case is skipped.
+// control step with faults and probes -- and the same step on one warp (device::warp_exec: the
+// combine and the texcp / equal updates spread over the lanes) against one host thread. This is
+// what lets every rank, host or device, thread or warp, compute the same split. All 20,000 cases
+// must agree; without a GPU the cases are skipped.
 #include "../doctest_main.hpp"
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include <reccl/device/warp_policy.hpp>
 #include <reccl/policy/allocator/aimd.hpp>
+#include <reccl/policy/allocator/equal.hpp>
 #include <reccl/policy/allocator/proportional.hpp>
 #include <reccl/policy/allocator/texcp.hpp>
 #include <reccl/policy/control.hpp>
@@ -23,7 +28,8 @@ struct case_in {
   std::uint64_t total, granule;
   telemetry::cost_model_q model;
   epoch_record recs[4];
-  control<allocator::texcp> ctl;
+  int nranks;
+  control<allocator::texcp> ctl;  // ctl.allocator: random tunables
 };
 struct case_out {
   shares texcp, prop, aimd;
@@ -37,14 +43,14 @@ struct case_out {
 };
 
 __host__ __device__ void run_case(case_in const& in, case_out& out) {
-  out.texcp = allocator::texcp{}.update(in.s, in.o);
+  out.texcp = in.ctl.allocator.update(in.s, in.o);
   out.prop = allocator::proportional{}.update(in.s, in.o);
   out.aimd = allocator::aimd{}.update(in.s, in.o);
   out.sp = to_split(out.texcp, in.total, in.granule);
   for (int i = 0; i < max_vts; ++i) out.eval[i] = in.model.eval(in.o.time[i] >> 20, in.o.time[i]);
   for (int r = 0; r < 4; ++r) out.checksum[r] = record_checksum(in.recs[r]);
   auto c = in.ctl;
-  out.res = c.step(in.recs, 4, &out.rep);
+  out.res = c.step(in.recs, in.nranks, &out.rep);
   out.digest_after = c.digest();
   out.share_after = c.share;
 }
@@ -71,11 +77,10 @@ bool same(case_out const& a, case_out const& b) {
   return ok;
 }
 
-TEST_CASE("policy layer: host and device give the same bits on random inputs") {
-  int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
-  int const n = 20000;
-  std::mt19937_64 rng(2026);
+/// `n` random cases: shares, observations, texcp tunables, 1-4 ranks' records (one in eight with a
+/// record that fails a check), faults and probes.
+std::vector<case_in> make_cases(int n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::vector<case_in> in(n);
   for (auto& c : in) {
     std::memset(&c, 0, sizeof c);
@@ -105,7 +110,34 @@ TEST_CASE("policy layer: host and device give the same bits on random inputs") {
       for (int i = 0; i < v; ++i) t.add_stalls(i, rng() % 100000), t.add_bytes(i, rng() % (1ull << 34));
       c.recs[r] = c.ctl.record(r, t, r == 1 ? dead : 0u, static_cast<std::uint32_t>(rng()) & c.ctl.probe_mask);
     }
+    c.nranks = 1 + static_cast<int>(rng() % 4);
+    if (rng() % 8 == 0) {  // one record fails a check: checksum, rank, epoch, VT count or state
+      epoch_record& bad = c.recs[rng() % c.nranks];
+      switch (rng() % 5) {
+        case 0: bad.stalls[0] ^= 1; break;  // not resealed
+        case 1: bad.rank += 1, seal(bad); break;
+        case 2: bad.epoch += 1, seal(bad); break;
+        case 3: bad.n_vts = bad.n_vts % max_vts + 1, seal(bad); break;
+        default: bad.state_digest ^= 4, seal(bad); break;
+      }
+    }
+    allocator::texcp& tx = c.ctl.allocator;  // random tunables half of the time
+    if (rng() % 2 == 0) {
+      tx.eta = static_cast<std::uint32_t>(rng() % 140000);
+      tx.min_factor = static_cast<std::uint32_t>(rng() % 65537);
+      tx.epsilon = static_cast<std::uint32_t>(rng() % 2048);
+      tx.min_share = static_cast<std::uint32_t>(rng() % (share_one >> 5));
+      tx.dead_band = rng() % 3 == 0 ? 0u : static_cast<std::uint32_t>(rng() % 8192);
+    }
   }
+  return in;
+}
+
+TEST_CASE("policy layer: host and device give the same bits on random inputs") {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
+  int const n = 20000;
+  std::vector<case_in> const in = make_cases(n, 2026);
   std::vector<case_out> host(n), dev(n);
   for (int k = 0; k < n; ++k) {
     std::memset(&host[k], 0, sizeof(case_out));
@@ -134,4 +166,108 @@ TEST_CASE("policy layer: host and device give the same bits on random inputs") {
               "control step with faults and probes): " << bad << " differ between host and device (steps: "
             << recovered << " recovered, " << timeouts << " timeout, " << errors << " rejected)");
   CHECK(bad == 0);
+}
+
+// ---- the same step on one warp ------------------------------------------------------------------
+
+struct warp_case_out {
+  shares texcp, equal;
+  epoch_summary sum;
+  step_result res;
+  std::uint64_t digest_after;
+  shares share_after;
+  epoch_report rep;
+};
+
+/// The serial reference (host) of what warp_kernel computes.
+void serial_case(case_in const& in, warp_case_out& out) {
+  out.texcp = in.ctl.allocator.update(in.s, in.o);
+  out.equal = allocator::equal{}.update(in.s, in.o);
+  auto c = in.ctl;
+  out.sum = combine(in.recs, in.nranks, epoch_expect{c.epoch, c.share.n_vts, c.digest()}, c.current_model());
+  out.res = c.step(in.recs, in.nranks, &out.rep);
+  out.digest_after = c.digest();
+  out.share_after = c.share;
+}
+
+/// One warp per case, every lane computing; lane 0 writes. Lanes other than 0 check that they
+/// hold the same result (a lane that differs sets *diverged).
+__global__ void warp_kernel(case_in const* in, warp_case_out* out, int n, int* diverged) {
+  int const k = static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
+  if (k >= n) return;  // whole warps leave together
+  case_in const& c = in[k];
+  device::warp_exec const ex{};
+  warp_case_out r{};
+  r.texcp = ex.update(c.ctl.allocator, c.s, c.o);
+  r.equal = ex.update(allocator::equal{}, c.s, c.o);
+  auto ctl = c.ctl;
+  r.sum = ex.combine(c.recs, c.nranks, epoch_expect{ctl.epoch, ctl.share.n_vts, ctl.digest()}, ctl.current_model());
+  r.res = ctl.step(c.recs, c.nranks, &r.rep, ex);
+  r.digest_after = ctl.digest();
+  r.share_after = ctl.share;
+  std::uint64_t const mine = r.digest_after ^ r.texcp.w[0] ^ (std::uint64_t{r.equal.w[1]} << 32) ^ r.sum.time[0];
+  if (__shfl_sync(0xffffffffu, mine, 0) != mine) atomicAdd(diverged, 1);
+  if ((threadIdx.x & 31u) == 0) out[k] = r;
+}
+
+bool same_warp(warp_case_out const& a, warp_case_out const& b) {
+  epoch_summary const &x = a.sum, &y = b.sum;
+  bool ok = bits_equal(a.texcp, b.texcp) && bits_equal(a.equal, b.equal) && x.st == y.st && x.epoch == y.epoch &&
+            x.rank == y.rank && x.failed == y.failed && x.n_vts == y.n_vts && x.nranks == y.nranks &&
+            x.fault_mask == y.fault_mask && x.probe_ok_mask == y.probe_ok_mask && bits_equal(x.time, y.time) &&
+            bits_equal(x.slowest_rank, y.slowest_rank) && bits_equal(x.stalls, y.stalls) &&
+            bits_equal(x.bytes, y.bytes);
+  ok = ok && a.res.st == b.res.st && a.res.epoch == b.res.epoch && a.res.rank == b.res.rank &&
+       a.res.failed == b.res.failed && a.digest_after == b.digest_after && bits_equal(a.share_after, b.share_after);
+  epoch_report const &p = a.rep, &q = b.rep;
+  return ok && p.epoch == q.epoch && p.st == q.st && p.n_vts == q.n_vts && p.nranks == q.nranks &&
+         bits_equal(p.share, q.share) && bits_equal(p.bytes, q.bytes) && bits_equal(p.stalls, q.stalls) &&
+         bits_equal(p.time_ns, q.time_ns) && bits_equal(p.bw_mbps, q.bw_mbps) && p.masked_mask == q.masked_mask &&
+         p.fault_mask == q.fault_mask && p.probe_mask == q.probe_mask && p.rejoined_mask == q.rejoined_mask;
+}
+
+TEST_CASE("policy layer: a warp's step gives the bits of one thread's (combine, texcp, equal, step)") {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
+  int const n = 20000;
+  std::vector<case_in> const in = make_cases(n, 2027);
+  std::vector<warp_case_out> host(n), dev(n);
+  for (int k = 0; k < n; ++k) {
+    std::memset(&host[k], 0, sizeof(warp_case_out));
+    serial_case(in[k], host[k]);
+  }
+  case_in* din = nullptr;
+  warp_case_out* dout = nullptr;
+  int* ddiv = nullptr;
+  REQUIRE(cudaMalloc(&din, n * sizeof(case_in)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&dout, n * sizeof(warp_case_out)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&ddiv, sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(din, in.data(), n * sizeof(case_in), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemset(dout, 0xa5, n * sizeof(warp_case_out)) == cudaSuccess);  // poisoned
+  REQUIRE(cudaMemset(ddiv, 0, sizeof(int)) == cudaSuccess);
+  warp_kernel<<<(n + 3) / 4, 128>>>(din, dout, n, ddiv);
+  cudaError_t const err = cudaDeviceSynchronize();
+  REQUIRE_MESSAGE(err == cudaSuccess, "CUDA error: " << cudaGetErrorString(err));
+  int diverged = -1;
+  REQUIRE(cudaMemcpy(dev.data(), dout, n * sizeof(warp_case_out), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(&diverged, ddiv, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  cudaFree(din);
+  cudaFree(dout);
+  cudaFree(ddiv);
+  int bad = 0, mismatches = 0, moved = 0, held = 0;
+  for (int k = 0; k < n; ++k) {
+    if (!same_warp(host[k], dev[k])) ++bad;
+    mismatches += host[k].sum.st == status::mismatch;
+    moved += !bits_equal(host[k].texcp, in[k].s);
+    held += bits_equal(host[k].texcp, in[k].s);
+  }
+  std::string const msg = std::to_string(n) + " random cases on one warp each: " + std::to_string(bad) +
+                          " differ from one host thread; lanes that disagreed: " + std::to_string(diverged) +
+                          " (combine rejected " + std::to_string(mismatches) + "; texcp moved the shares in " +
+                          std::to_string(moved) + ", kept them in " + std::to_string(held) + ")";
+  MESSAGE(msg);
+  CHECK(bad == 0);
+  CHECK(diverged == 0);
+  CHECK(mismatches > n / 20);  // the cases reach every path
+  CHECK(moved > n / 4);
 }

@@ -63,6 +63,20 @@ RECCL_HOST_DEVICE constexpr epoch_record make_record(std::uint64_t epoch, int ra
   return r;
 }
 
+/// How control::step runs its two heavy parts, the records' combine and the allocator's update.
+/// This one runs them on the calling thread; reccl/device/warp_policy.hpp's warp_exec spreads them
+/// over the lanes of a warp with the same results, bit for bit.
+struct serial_exec {
+  RECCL_HOST_DEVICE constexpr epoch_summary combine(epoch_record const* records, int nranks, epoch_expect const& expect,
+                                                    telemetry::cost_model_q const& model) const {
+    return reccl::combine(records, nranks, expect, model);
+  }
+  template <Allocator A>
+  RECCL_HOST_DEVICE constexpr shares update(A const& a, shares const& s, vt_observation const& o) const {
+    return a.update(s, o);
+  }
+};
+
 /// Control-loop state of one communicator, templated on the Allocator. Fixed size, trivially
 /// copyable (kernels take it by value); every member function is RECCL_HOST_DEVICE.
 template <Allocator A>
@@ -138,9 +152,13 @@ struct control {
 
   /// Processes every rank's records of the current epoch (records[k] from rank k) and, unless the
   /// result is an error (mismatch, timeout, invalid_argument), moves this state to the next epoch.
-  /// If `report` is given, fills it (all but report->split) for the processed epoch.
+  /// If `report` is given, fills it (all but report->split) for the processed epoch. `ex` runs the
+  /// combine and the update (serial_exec: on this thread; device::warp_exec: on a whole warp, every
+  /// lane calling with the same arguments); the result does not depend on it.
+  RECCL_EXEC_CHECK_DISABLE
+  template <class Exec = serial_exec>
   RECCL_HOST_DEVICE constexpr step_result step(epoch_record const* records, int nranks,
-                                               epoch_report* report = nullptr) {
+                                               epoch_report* report = nullptr, Exec const& ex = {}) {
     step_result res{};
     res.epoch = epoch;
     if (check(share) != status::ok) {
@@ -148,7 +166,7 @@ struct control {
       return res;
     }
     telemetry::cost_model_q const m = current_model();
-    epoch_summary const sum = combine(records, nranks, epoch_expect{epoch, share.n_vts, digest()}, m);
+    epoch_summary const sum = ex.combine(records, nranks, epoch_expect{epoch, share.n_vts, digest()}, m);
     if (sum.st != status::ok) {
       res.st = sum.st;
       res.rank = sum.rank;
@@ -172,7 +190,7 @@ struct control {
       obs.live_mask = live;
       for (int i = 0; i < share.n_vts; ++i)
         obs.time[i] = ((share.live_mask >> i) & 1u) ? sum.time[i] : 0;  // a VT back from a probe: no estimate yet
-      next = allocator.update(next, obs);
+      next = ex.update(allocator, next, obs);
     }
     std::uint32_t const masked_next = all_live(share.n_vts) & ~live;
     probe_mask = 0;

@@ -13,6 +13,7 @@
 #include "../../policy/telemetry/stall_counter.hpp"
 #include "../../policy/telemetry/telemetry.hpp"
 #include "../args.hpp"
+#include "../warp_policy.hpp"
 #include "../engine/pipelined.hpp"
 #include "hooks.hpp"
 #include "state.hpp"
@@ -203,28 +204,33 @@ RECCL_DEVICE bool wait_tagged(std::uint64_t const* word, std::uint32_t tag, Guar
       guard);
 }
 
-/// The control CTA's one thread of work: set_model, step, the plan of e+1 (on shared copies).
-/// Returns 0 after a fatal error (recorded on the lane).
+/// The control CTA's first warp: set_model, step, the plan of e+1 (on shared copies). Every lane
+/// computes the same step (warp_exec spreads its combine and update over the lanes); lane 0 alone
+/// writes the results. Returns 0 on every lane after a fatal error (recorded on the lane).
 template <class A>
 __device__ __noinline__ int step_chain(adaptive_args const& a, control_region* R, std::uint64_t e, int c, unsigned char* chain_s,
                                        tele_slot const* recs_s, report_entry& rep_s, plan_slot& plan_s,
                                        pending_model const& pm_s, std::uint64_t t_begin) {
   lsa_view const& v = a.base.view;
   std::uint32_t* const st = v.status();
+  bool const lead = (threadIdx.x & 31u) == 0;
   control<A> C;  // a local copy: the step runs ~4x slower on the shared-memory object itself
   std::memcpy(&C, chain_s, sizeof(C));
   int ok_s = 1;
-  if (pm_s.seq != 0 && pm_s.seq != R->chain_model_seq[c]) {
+  bool const new_model = pm_s.seq != 0 && pm_s.seq != R->chain_model_seq[c];
+  if (new_model) {
     telemetry::cost_model_q m = pm_s.model;
     m.from_epoch = chain_epoch_from(pm_s.from_epoch, c, R->first_epoch);
     C.set_model(m);
-    R->chain_model_seq[c] = pm_s.seq;
   }
   epoch_record recs[max_lsa];
   for (int r = 0; r < v.nranks; ++r) recs[r] = recs_s[r].rec;
   epoch_report rep{};
   rep.split = rep_s.rep.split;
-  step_result const res = C.step(recs, v.nranks, &rep);
+  step_result const res = C.step(recs, v.nranks, &rep, warp_exec{});
+  __syncwarp();  // every lane has read the shared copies before lane 0 overwrites them
+  if (!lead) return res.st == status::mismatch || res.st == status::invalid_argument || res.st == status::timeout ? 0 : 1;
+  if (new_model) R->chain_model_seq[c] = pm_s.seq;
   if (res.st == status::mismatch || res.st == status::invalid_argument) {
     record_fatal(R, st, status::mismatch, res.rank < 0 ? v.rank : res.rank, -1);
     ok_s = 0;
@@ -288,7 +294,10 @@ RECCL_DEVICE void control_step(adaptive_args const& a, control_region* R, std::u
   if (!ok_s) return;
   for (int r = 0; r < v.nranks; ++r) cta_copy_cg(&recs_s[r], v.tele(v.rank, c, r), sizeof(tele_slot));
   __syncthreads();
-  if (tid == 0) ok_s = step_chain<A>(a, R, e, c, chain_s, recs_s, rep_s, plan_s, pm_s, t_begin);
+  if (tid < 32) {  // the first warp steps (warp_exec); lane 0 writes
+    int const ok = step_chain<A>(a, R, e, c, chain_s, recs_s, rep_s, plan_s, pm_s, t_begin);
+    if (tid == 0) ok_s = ok;
+  }
   __syncthreads();
   if (!ok_s) return;
   cta_copy(R->chain[c], chain_s, padded_bytes<control<A>>);
