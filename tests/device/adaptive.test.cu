@@ -216,6 +216,49 @@ struct composed_lane {
 };
 }  // namespace
 
+/// Captures `per_graph` float sum all-reduces of `count` elements through lanes[r] into one graph
+/// per rank (inputs filled from `seed`; before_capture(r) runs first, on rank r's device), then
+/// replays the graphs `replays` times, outputs poisoned before each replay, and checks every rank
+/// against the CPU reference after each.
+template <class L, class Before>
+void capture_and_replay(world& w, std::vector<L>& lanes, std::uint64_t count, int per_graph, int replays, int seed,
+                       char const* label, Before before_capture) {
+  std::vector<cudaGraphExec_t> execs(w.n);
+  std::vector<unsigned char> const want =
+      host_expected(collective::all_reduce, dtype::float32, redop::sum, 0, count, 0, w.n, seed);
+  for (int r = 0; r < w.n; ++r) {
+    TEST_CK(cudaSetDevice(w.dev(r)));
+    before_capture(r);
+    reccl::bench::fill(dtype::float32, w.in[r], count, seed, r, 0, w.streams[r]);
+    TEST_CK(cudaStreamSynchronize(w.streams[r]));
+    cudaGraph_t g;
+    TEST_CK(cudaStreamBeginCapture(w.streams[r], cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < per_graph; ++k) lanes[r].all_reduce(w.in[r], w.out[r], count, dtype::float32, redop::sum, w.streams[r]);
+    TEST_CK(cudaStreamEndCapture(w.streams[r], &g));
+    TEST_CK(cudaGraphInstantiate(&execs[r], g, 0));
+    TEST_CK(cudaGraphDestroy(g));
+  }
+  for (int rep = 0; rep < replays; ++rep) {
+    for (int r = 0; r < w.n; ++r) {
+      TEST_CK(cudaSetDevice(w.dev(r)));
+      reccl::bench::poison(dtype::float32, w.out[r], count, w.streams[r]);
+      TEST_CK(cudaGraphLaunch(execs[r], w.streams[r]));
+    }
+    w.sync();
+    for (int r = 0; r < w.n; ++r) {
+      w.comms[r].check();
+      TEST_CK(cudaSetDevice(w.dev(r)));
+      std::string const what = std::string(label) + " replay " + std::to_string(rep) + " rank " + std::to_string(r);
+      std::uint64_t const wrong = count_wrong(dtype::float32, w.out[r], want, what.c_str());
+      CHECK_MESSAGE(wrong == 0, what << ": " << wrong << " wrong");
+    }
+  }
+  for (int r = 0; r < w.n; ++r) {
+    TEST_CK(cudaSetDevice(w.dev(r)));
+    TEST_CK(cudaGraphExecDestroy(execs[r]));
+  }
+}
+
 TEST_CASE("adaptive collectives match the CPU reference while the split moves") {
   REQUIRE_WORLD();
   using lane_t = reccl::adaptive_lane<reccl::allocator::texcp>;
@@ -381,35 +424,8 @@ TEST_CASE("a captured graph adapts and recovers on replay without recapture") {
   // throttle VT 0 from the 5th collective, kill VT 3 during the 2nd replay
   reccl::device_faults f;
   f.throttle(0, 50e6, e0 + 5).kill(3, e0 + per_graph + 3, e0 + per_graph + 6);
-  std::vector<cudaGraphExec_t> execs(w.n);
-  std::vector<unsigned char> const want = host_expected(collective::all_reduce, dtype::float32, redop::sum, 0, count, 0, w.n, 77);
-  for (int r = 0; r < w.n; ++r) {
-    TEST_CK(cudaSetDevice(w.dev(r)));
-    lanes[r].inject(f, w.streams[r]);
-    reccl::bench::fill(dtype::float32, w.in[r], count, 77, r, 0, w.streams[r]);
-    TEST_CK(cudaStreamSynchronize(w.streams[r]));
-    cudaGraph_t g;
-    TEST_CK(cudaStreamBeginCapture(w.streams[r], cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < per_graph; ++k) lanes[r].all_reduce(w.in[r], w.out[r], count, dtype::float32, redop::sum, w.streams[r]);
-    TEST_CK(cudaStreamEndCapture(w.streams[r], &g));
-    TEST_CK(cudaGraphInstantiate(&execs[r], g, 0));
-    TEST_CK(cudaGraphDestroy(g));
-  }
-  for (int rep = 0; rep < replays; ++rep) {
-    for (int r = 0; r < w.n; ++r) {
-      TEST_CK(cudaSetDevice(w.dev(r)));
-      reccl::bench::poison(dtype::float32, w.out[r], count, w.streams[r]);
-      TEST_CK(cudaGraphLaunch(execs[r], w.streams[r]));
-    }
-    w.sync();
-    for (int r = 0; r < w.n; ++r) {
-      w.comms[r].check();
-      TEST_CK(cudaSetDevice(w.dev(r)));
-      std::string const what = "replay " + std::to_string(rep) + " rank " + std::to_string(r);
-      std::uint64_t const wrong = count_wrong(dtype::float32, w.out[r], want, what.c_str());
-      CHECK_MESSAGE(wrong == 0, what << ": " << wrong << " wrong");
-    }
-  }
+  capture_and_replay(w, lanes, count, per_graph, replays, 77, "graph",
+                     [&](int r) { lanes[r].inject(f, w.streams[r]); });
   auto const reps = lanes[0].reports(e0, lanes[0].epoch());
   bool adapted = false, recovered = false;
   for (auto const& rp : reps) {
@@ -419,10 +435,6 @@ TEST_CASE("a captured graph adapts and recovers on replay without recapture") {
   CHECK(lanes[0].epoch() == e0 + per_graph * replays);
   CHECK(adapted);
   CHECK(recovered);
-  for (int r = 0; r < w.n; ++r) {
-    TEST_CK(cudaSetDevice(w.dev(r)));
-    TEST_CK(cudaGraphExecDestroy(execs[r]));
-  }
 }
 
 TEST_CASE("no-telemetry and AIMD instantiations run and stay correct") {
@@ -501,38 +513,8 @@ TEST_CASE("the composed types with stall telemetry and texcp close the loop on t
   // a captured graph of composed calls replays on the lane's loop (epochs advance per replay)
   std::uint64_t const count = 300001;
   std::uint64_t const e0 = lanes[0].loop().epoch();
-  std::vector<unsigned char> const want = host_expected(collective::all_reduce, dtype::float32, redop::sum, 0, count, 0, w.n, 91);
-  std::vector<cudaGraphExec_t> execs(w.n);
-  for (int r = 0; r < w.n; ++r) {
-    TEST_CK(cudaSetDevice(w.dev(r)));
-    reccl::bench::fill(dtype::float32, w.in[r], count, 91, r, 0, w.streams[r]);
-    TEST_CK(cudaStreamSynchronize(w.streams[r]));
-    cudaGraph_t g;
-    TEST_CK(cudaStreamBeginCapture(w.streams[r], cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < 4; ++k) lanes[r].all_reduce(w.in[r], w.out[r], count, dtype::float32, redop::sum, w.streams[r]);
-    TEST_CK(cudaStreamEndCapture(w.streams[r], &g));
-    TEST_CK(cudaGraphInstantiate(&execs[r], g, 0));
-    TEST_CK(cudaGraphDestroy(g));
-  }
-  for (int rep = 0; rep < 2; ++rep) {
-    for (int r = 0; r < w.n; ++r) {
-      TEST_CK(cudaSetDevice(w.dev(r)));
-      reccl::bench::poison(dtype::float32, w.out[r], count, w.streams[r]);
-      TEST_CK(cudaGraphLaunch(execs[r], w.streams[r]));
-    }
-    w.sync();
-    for (int r = 0; r < w.n; ++r) {
-      w.comms[r].check();
-      TEST_CK(cudaSetDevice(w.dev(r)));
-      std::string const what = "composed replay " + std::to_string(rep) + " rank " + std::to_string(r);
-      CHECK_MESSAGE(count_wrong(dtype::float32, w.out[r], want, what.c_str()) == 0, what);
-    }
-  }
+  capture_and_replay(w, lanes, count, 4, 2, 91, "composed", [](int) {});
   CHECK(lanes[0].loop().epoch() == e0 + 8);
-  for (int r = 0; r < w.n; ++r) {
-    TEST_CK(cudaSetDevice(w.dev(r)));
-    TEST_CK(cudaGraphExecDestroy(execs[r]));
-  }
 }
 
 TEST_CASE("a composed adaptive type sets its lane up on first use, and refuses what would lose state") {
@@ -560,6 +542,16 @@ TEST_CASE("a composed adaptive type sets its lane up on first use, and refuses w
     TEST_CK(cudaStreamEndCapture(w.streams[0], &g));
     TEST_CK(cudaGraphDestroy(g));
     CHECK(st == reccl::status::invalid_argument);
+    CHECK(w.comms[0].attached<reccl::adaptive_lane<reccl::allocator::texcp>>(0) == nullptr);
+  }
+  {  // a call that brings its own split is refused before any set-up
+    reccl::shares const eq = reccl::equal_shares(8, 0xffu);
+    reccl::nvlink_call_options with_split;
+    with_split.vt_shares = &eq;
+    CHECK(code([&] {
+            lane_t::any_op::run(w.comms[0], reinterpret_cast<float const*>(w.in[0]), reinterpret_cast<float*>(w.out[0]), 100,
+                                redop::sum, w.streams[0], with_split);
+          }) == reccl::status::invalid_argument);
     CHECK(w.comms[0].attached<reccl::adaptive_lane<reccl::allocator::texcp>>(0) == nullptr);
   }
   // outside capture the first call sets the lane up with the defaults (8 VTs) and runs right

@@ -191,8 +191,10 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
     static_assert(std::is_same_v<S, schedule::one_shot>,
                   "reccl: the adaptive lane (a Telemetry or Allocator other than none / equal on transport::nvlink) runs "
                   "the one-shot pattern through pipelined rings: compose it with schedule::one_shot");
-    using Op = collective_op<Kind, T, S, transport::nvlink, M, A>;
     using L = adaptive_lane<A, M>;
+    if (o.vt_shares != nullptr)  // before any set-up: a refused call changes nothing
+      throw error(status::invalid_argument,
+                  "vt_shares: the adaptive lane chooses the split (adaptive_options::initial sets where it starts)", comm.rank());
     L* lane = comm.attached<L>(o.lane);
     if (lane == nullptr) {
       cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -218,9 +220,6 @@ plan run_collective(nvlink_communicator& comm, T const* send, T* recv, std::uint
     }
     lane->rebind(comm);
     adaptive_options const& lo = lane->options();
-    if (o.vt_shares != nullptr)
-      throw error(status::invalid_argument,
-                  "vt_shares: the adaptive lane chooses the split (adaptive_options::initial sets where it starts)", comm.rank());
     if ((o.vts != 0 && o.vts != lo.vts) || (o.ctas != 0 && o.ctas != lo.vts * lo.ctas_per_vt))
       throw error(status::invalid_argument,
                   "lane " + std::to_string(o.lane) + " was set up with " + std::to_string(lo.vts) + " VTs x " +
