@@ -235,6 +235,7 @@ int main(int argc, char** argv) {
         time_steps<reccl::allocator::texcp, false>("texcp", v, ranks, rows);
         time_steps<reccl::allocator::texcp, true>("texcp", v, ranks, rows);
         time_steps<reccl::allocator::aimd, false>("aimd", v, ranks, rows);
+        time_steps<reccl::allocator::aimd, true>("aimd", v, ranks, rows);
         time_steps<reccl::allocator::equal, false>("equal", v, ranks, rows);
         time_steps<reccl::allocator::equal, true>("equal", v, ranks, rows);
       }

@@ -2,7 +2,8 @@
 // headers on the CPU and inside a kernel must give the same bits -- the allocators' updates
 // (texcp, proportional, aimd), to_split, the quantized cost model, the epoch checksum and the
 // control step with faults and probes -- and the same step on one warp (device::warp_exec: the
-// combine and the texcp / equal updates spread over the lanes) against one host thread. This is
+// combine and the texcp / equal / proportional / aimd updates spread over the lanes) against one
+// host thread. This is
 // what lets every rank, host or device, thread or warp, compute the same split. All 20,000 cases
 // must agree; without a GPU the cases are skipped.
 #include "../doctest_main.hpp"
@@ -171,7 +172,7 @@ TEST_CASE("policy layer: host and device give the same bits on random inputs") {
 // ---- the same step on one warp ------------------------------------------------------------------
 
 struct warp_case_out {
-  shares texcp, equal;
+  shares texcp, equal, prop, aimd;
   epoch_summary sum;
   step_result res;
   std::uint64_t digest_after;
@@ -183,6 +184,8 @@ struct warp_case_out {
 void serial_case(case_in const& in, warp_case_out& out) {
   out.texcp = in.ctl.allocator.update(in.s, in.o);
   out.equal = allocator::equal{}.update(in.s, in.o);
+  out.prop = allocator::proportional{}.update(in.s, in.o);
+  out.aimd = allocator::aimd{}.update(in.s, in.o);
   auto c = in.ctl;
   out.sum = combine(in.recs, in.nranks, epoch_expect{c.epoch, c.share.n_vts, c.digest()}, c.current_model());
   out.res = c.step(in.recs, in.nranks, &out.rep);
@@ -200,19 +203,23 @@ __global__ void warp_kernel(case_in const* in, warp_case_out* out, int n, int* d
   warp_case_out r{};
   r.texcp = ex.update(c.ctl.allocator, c.s, c.o);
   r.equal = ex.update(allocator::equal{}, c.s, c.o);
+  r.prop = ex.update(allocator::proportional{}, c.s, c.o);
+  r.aimd = ex.update(allocator::aimd{}, c.s, c.o);
   auto ctl = c.ctl;
   r.sum = ex.combine(c.recs, c.nranks, epoch_expect{ctl.epoch, ctl.share.n_vts, ctl.digest()}, ctl.current_model());
   r.res = ctl.step(c.recs, c.nranks, &r.rep, ex);
   r.digest_after = ctl.digest();
   r.share_after = ctl.share;
-  std::uint64_t const mine = r.digest_after ^ r.texcp.w[0] ^ (std::uint64_t{r.equal.w[1]} << 32) ^ r.sum.time[0];
+  std::uint64_t const mine = r.digest_after ^ r.texcp.w[0] ^ (std::uint64_t{r.equal.w[1]} << 32) ^ r.sum.time[0] ^
+                             (std::uint64_t{r.prop.w[2]} << 16) ^ (std::uint64_t{r.aimd.w[3]} << 8);
   if (__shfl_sync(0xffffffffu, mine, 0) != mine) atomicAdd(diverged, 1);
   if ((threadIdx.x & 31u) == 0) out[k] = r;
 }
 
 bool same_warp(warp_case_out const& a, warp_case_out const& b) {
   epoch_summary const &x = a.sum, &y = b.sum;
-  bool ok = bits_equal(a.texcp, b.texcp) && bits_equal(a.equal, b.equal) && x.st == y.st && x.epoch == y.epoch &&
+  bool ok = bits_equal(a.texcp, b.texcp) && bits_equal(a.equal, b.equal) && bits_equal(a.prop, b.prop) &&
+            bits_equal(a.aimd, b.aimd) && x.st == y.st && x.epoch == y.epoch &&
             x.rank == y.rank && x.failed == y.failed && x.n_vts == y.n_vts && x.nranks == y.nranks &&
             x.fault_mask == y.fault_mask && x.probe_ok_mask == y.probe_ok_mask && bits_equal(x.time, y.time) &&
             bits_equal(x.slowest_rank, y.slowest_rank) && bits_equal(x.stalls, y.stalls) &&
@@ -226,7 +233,7 @@ bool same_warp(warp_case_out const& a, warp_case_out const& b) {
          p.fault_mask == q.fault_mask && p.probe_mask == q.probe_mask && p.rejoined_mask == q.rejoined_mask;
 }
 
-TEST_CASE("policy layer: a warp's step gives the bits of one thread's (combine, texcp, equal, step)") {
+TEST_CASE("policy layer: a warp's step gives the bits of one thread's (combine, the four allocators, step)") {
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
   int const n = 20000;

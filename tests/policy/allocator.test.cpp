@@ -177,8 +177,9 @@ TEST_CASE("to_split: rounding ties go to the lower VT id, the last live VT takes
   CHECK(tp.count[3] == 0);
 }
 
-TEST_CASE("largest-remainder rounding: the counted order equals one pick at a time") {
-  // The rule give_leftover implements, written the plain way: `leftover` times, +1 to the live VT
+TEST_CASE("largest-remainder rounding: one pick at a time, a new round once every live VT is served") {
+  // The rule give_leftover implements (and device::warp's counted form, checked against it in
+  // tests/device/policy_parity.test.cu), written the plain way: `leftover` times, +1 to the live VT
   // with the largest remainder not yet served (ties: the lower id); all served: a new round.
   auto reference = [](std::uint64_t* q, std::uint64_t const* rem, std::uint32_t mask, std::uint64_t leftover) {
     std::uint32_t taken = 0;

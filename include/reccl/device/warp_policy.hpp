@@ -17,8 +17,8 @@
 //     ctl.step(records, nranks, &report, reccl::device::warp_exec{});
 // with the same arguments and gets the same result. `records` may live in shared, global or each
 // lane's local memory; lane r reads record r in full and lane i reads field i of every record.
-// Allocators without a warp form here (proportional, aimd, users' own) run their serial update on
-// every lane: as fast as on one thread, and still the same result everywhere.
+// The four allocators of policy/allocator/ have a warp form here; others (users' own) run their
+// serial update on every lane: as fast as on one thread, and still the same result everywhere.
 //
 // Device-only; included only by nvcc-compiled translation units.
 #pragma once
@@ -27,8 +27,10 @@
 #include <type_traits>
 
 #include "../config.hpp"
+#include "../policy/allocator/aimd.hpp"
 #include "../policy/allocator/allocator.hpp"
 #include "../policy/allocator/equal.hpp"
+#include "../policy/allocator/proportional.hpp"
 #include "../policy/allocator/texcp.hpp"
 #include "../policy/control.hpp"
 #include "../policy/epoch.hpp"
@@ -207,6 +209,55 @@ RECCL_DEVICE shares update(allocator::equal const&, shares const&, vt_observatio
   return s;
 }
 
+/// allocator::proportional::update, one VT per lane.
+RECCL_DEVICE shares update(allocator::proportional const& a, shares const& prev, vt_observation const& o) {
+  shares s = reccl::detail::start_from(prev, o, a.min_share);
+  if (check(s) != status::ok) return s;
+  int const i = lane();
+  std::uint32_t w = i < max_vts ? s.w[i] : 0u;
+  std::uint64_t const time = i < max_vts ? o.time[i] : 0u;
+  std::uint32_t const est = ballot(in(s.live_mask) && time > 0);
+  bool const e = in(est);
+  std::uint64_t const t = normalize_time(time, est);
+  std::uint64_t const mass = sum(e ? w : 0u);
+  std::uint64_t const raw = e ? (static_cast<std::uint64_t>(w) << 20) / t : 0u;  // t >= 1 on estimated VTs
+  if (est != 0) {
+    std::uint64_t const q = distribute(raw, est, mass);
+    if (e) w = static_cast<std::uint32_t>(q);
+  }
+  gather(apply_floor(w, s.live_mask, a.min_share), s.w);
+  return s;
+}
+
+/// allocator::aimd::update, one VT per lane.
+RECCL_DEVICE shares update(allocator::aimd const& a, shares const& prev, vt_observation const& o) {
+  shares s = reccl::detail::start_from(prev, o, a.min_share);
+  if (check(s) != status::ok) return s;
+  int const i = lane();
+  std::uint32_t w = i < max_vts ? s.w[i] : 0u;
+  std::uint64_t const time = i < max_vts ? o.time[i] : 0u;
+  std::uint32_t const est = ballot(in(s.live_mask) && time > 0);
+  bool const e = in(est);
+  std::uint64_t const t = normalize_time(time, est);
+  std::uint64_t const mass = sum(e ? w : 0u);
+  std::uint64_t const weighted = sum(e ? w * t : 0u);
+  if (mass == 0) {
+    gather(apply_floor(w, s.live_mask, a.min_share), s.w);
+    return s;
+  }
+  std::uint64_t const mean = weighted / mass;
+  std::uint64_t const limit = mean * (65536 + static_cast<std::uint64_t>(a.tolerance));
+  std::uint64_t raw = 0;
+  if (e) {
+    bool const congested = (t << 16) > limit;
+    raw = congested ? static_cast<std::uint64_t>(w) * a.decrease >> 16 : static_cast<std::uint64_t>(w) + a.increase;
+  }
+  std::uint64_t const q = distribute(raw, est, mass);
+  if (e) w = static_cast<std::uint32_t>(q);
+  gather(apply_floor(w, s.live_mask, a.min_share), s.w);
+  return s;
+}
+
 /// reccl::combine, one rank per lane for the checks and one VT per lane for the estimates.
 RECCL_DEVICE epoch_summary combine(epoch_record const* records, int nranks, epoch_expect const& expect,
                                    telemetry::cost_model_q const& model) {
@@ -273,6 +324,7 @@ RECCL_DEVICE epoch_summary combine(epoch_record const* records, int nranks, epoc
 
 /// control<A>::step's executor for one warp (see the file comment): the records' combine and the
 /// allocator's update spread over the lanes. Every lane must call step with it, converged.
+/// Memory: reads its arguments only; no shared memory, no fences (lanes exchange through shuffles).
 struct warp_exec {
   RECCL_DEVICE epoch_summary combine(epoch_record const* records, int nranks, epoch_expect const& expect,
                                      telemetry::cost_model_q const& model) const {
@@ -280,7 +332,8 @@ struct warp_exec {
   }
   template <Allocator A>
   RECCL_DEVICE shares update(A const& a, shares const& s, vt_observation const& o) const {
-    if constexpr (std::is_same_v<A, allocator::texcp> || std::is_same_v<A, allocator::equal>)
+    if constexpr (std::is_same_v<A, allocator::texcp> || std::is_same_v<A, allocator::equal> ||
+                  std::is_same_v<A, allocator::proportional> || std::is_same_v<A, allocator::aimd>)
       return warp::update(a, s, o);
     else
       return a.update(s, o);
