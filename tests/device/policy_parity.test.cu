@@ -134,28 +134,40 @@ std::vector<case_in> make_cases(int n, std::uint64_t seed) {
   return in;
 }
 
+/// Copies `in` to the device, poisons as many outputs, runs launch(device inputs, device outputs,
+/// count) and returns the outputs.
+template <class Out, class Launch>
+std::vector<Out> run_on_device(std::vector<case_in> const& in, Launch launch) {
+  int const n = static_cast<int>(in.size());
+  std::vector<Out> out(n);
+  case_in* din = nullptr;
+  Out* dout = nullptr;
+  REQUIRE(cudaMalloc(&din, n * sizeof(case_in)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&dout, n * sizeof(Out)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(din, in.data(), n * sizeof(case_in), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemset(dout, 0xa5, n * sizeof(Out)) == cudaSuccess);  // poisoned
+  launch(din, dout, n);
+  cudaError_t const err = cudaDeviceSynchronize();
+  REQUIRE_MESSAGE(err == cudaSuccess, "CUDA error: " << cudaGetErrorString(err));
+  REQUIRE(cudaMemcpy(out.data(), dout, n * sizeof(Out), cudaMemcpyDeviceToHost) == cudaSuccess);
+  cudaFree(din);
+  cudaFree(dout);
+  return out;
+}
+
 TEST_CASE("policy layer: host and device give the same bits on random inputs") {
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
   int const n = 20000;
   std::vector<case_in> const in = make_cases(n, 2026);
-  std::vector<case_out> host(n), dev(n);
+  std::vector<case_out> host(n);
   for (int k = 0; k < n; ++k) {
     std::memset(&host[k], 0, sizeof(case_out));
     run_case(in[k], host[k]);
   }
-  case_in* din = nullptr;
-  case_out* dout = nullptr;
-  REQUIRE(cudaMalloc(&din, n * sizeof(case_in)) == cudaSuccess);
-  REQUIRE(cudaMalloc(&dout, n * sizeof(case_out)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(din, in.data(), n * sizeof(case_in), cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE(cudaMemset(dout, 0, n * sizeof(case_out)) == cudaSuccess);
-  kernel<<<(n + 127) / 128, 128>>>(din, dout, n);
-  cudaError_t const err = cudaDeviceSynchronize();
-  REQUIRE_MESSAGE(err == cudaSuccess, "CUDA error: " << cudaGetErrorString(err));
-  REQUIRE(cudaMemcpy(dev.data(), dout, n * sizeof(case_out), cudaMemcpyDeviceToHost) == cudaSuccess);
-  cudaFree(din);
-  cudaFree(dout);
+  std::vector<case_out> const dev = run_on_device<case_out>(in, [](case_in const* din, case_out* dout, int count) {
+    kernel<<<(count + 127) / 128, 128>>>(din, dout, count);
+  });
   int bad = 0, errors = 0, recovered = 0, timeouts = 0;
   for (int k = 0; k < n; ++k) {
     if (!same(host[k], dev[k])) ++bad;
@@ -238,28 +250,20 @@ TEST_CASE("policy layer: a warp's step gives the bits of one thread's (combine, 
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) SKIP_CASE("no GPU");
   int const n = 20000;
   std::vector<case_in> const in = make_cases(n, 2027);
-  std::vector<warp_case_out> host(n), dev(n);
+  std::vector<warp_case_out> host(n);
   for (int k = 0; k < n; ++k) {
     std::memset(&host[k], 0, sizeof(warp_case_out));
     serial_case(in[k], host[k]);
   }
-  case_in* din = nullptr;
-  warp_case_out* dout = nullptr;
   int* ddiv = nullptr;
-  REQUIRE(cudaMalloc(&din, n * sizeof(case_in)) == cudaSuccess);
-  REQUIRE(cudaMalloc(&dout, n * sizeof(warp_case_out)) == cudaSuccess);
   REQUIRE(cudaMalloc(&ddiv, sizeof(int)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(din, in.data(), n * sizeof(case_in), cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE(cudaMemset(dout, 0xa5, n * sizeof(warp_case_out)) == cudaSuccess);  // poisoned
   REQUIRE(cudaMemset(ddiv, 0, sizeof(int)) == cudaSuccess);
-  warp_kernel<<<(n + 3) / 4, 128>>>(din, dout, n, ddiv);
-  cudaError_t const err = cudaDeviceSynchronize();
-  REQUIRE_MESSAGE(err == cudaSuccess, "CUDA error: " << cudaGetErrorString(err));
+  std::vector<warp_case_out> const dev =
+      run_on_device<warp_case_out>(in, [&](case_in const* din, warp_case_out* dout, int count) {
+        warp_kernel<<<(count + 3) / 4, 128>>>(din, dout, count, ddiv);
+      });
   int diverged = -1;
-  REQUIRE(cudaMemcpy(dev.data(), dout, n * sizeof(warp_case_out), cudaMemcpyDeviceToHost) == cudaSuccess);
   REQUIRE(cudaMemcpy(&diverged, ddiv, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
-  cudaFree(din);
-  cudaFree(dout);
   cudaFree(ddiv);
   int bad = 0, mismatches = 0, moved = 0, held = 0;
   for (int k = 0; k < n; ++k) {

@@ -143,23 +143,51 @@ RECCL_DEVICE std::uint64_t normalize_time(std::uint64_t time, std::uint32_t mask
   return v == 0 ? 1 : v;
 }
 
+/// Where the adaptive updates start, one VT per lane: `prev` moved onto the observation's live
+/// mask (detail::start_from, rare work: every lane), this lane's share and normalized time, the
+/// VTs with an estimate and their total share. `ok` false: `s` is what the update returns.
+struct update_start {
+  shares s;
+  bool ok = false;
+  std::uint32_t w = 0;     ///< this lane's share
+  std::uint32_t est = 0;   ///< live VTs with an estimate
+  bool e = false;          ///< this lane's VT is in est
+  std::uint64_t t = 0;     ///< this lane's time, normalized (detail::normalize_times)
+  std::uint64_t mass = 0;  ///< the shares of est, summed
+};
+
+RECCL_DEVICE update_start start_update(shares const& prev, vt_observation const& o, std::uint32_t min_share) {
+  update_start u;
+  u.s = reccl::detail::start_from(prev, o, min_share);
+  u.ok = check(u.s) == status::ok;
+  if (!u.ok) return u;
+  int const i = lane();
+  u.w = i < max_vts ? u.s.w[i] : 0u;
+  std::uint64_t const time = i < max_vts ? o.time[i] : 0u;
+  u.est = ballot(in(u.s.live_mask) && time > 0);
+  u.e = in(u.est);
+  u.t = normalize_time(time, u.est);
+  u.mass = sum(u.e ? u.w : 0u);
+  return u;
+}
+
+/// Ends an update: this lane's share `w` raised to the floor with the others', gathered into s.
+RECCL_DEVICE shares finish_update(shares s, std::uint32_t w, std::uint32_t min_share) {
+  gather(apply_floor(w, s.live_mask, min_share), s.w);
+  return s;
+}
+
 /// allocator::texcp::update, one VT per lane.
 RECCL_DEVICE shares update(allocator::texcp const& a, shares const& prev, vt_observation const& o) {
-  shares s = reccl::detail::start_from(prev, o, a.min_share);  // rare work (a mask change): every lane
-  if (check(s) != status::ok) return s;
+  update_start const u = start_update(prev, o, a.min_share);
+  if (!u.ok) return u.s;
   int const i = lane();
-  std::uint32_t w = i < max_vts ? s.w[i] : 0u;
-  std::uint64_t const time = i < max_vts ? o.time[i] : 0u;
-  std::uint32_t const est = ballot(in(s.live_mask) && time > 0);
-  bool const e = in(est);
-  std::uint64_t const t = normalize_time(time, est);
-  std::uint64_t const mass = sum(e ? w : 0u);
+  std::uint32_t w = u.w;
+  std::uint32_t const est = u.est;
+  bool const e = u.e;
+  std::uint64_t const t = u.t, mass = u.mass;
   std::uint64_t const weighted = sum(e ? w * t : 0u);
-  int const n_est = __popc(est);
-  if (n_est < 2 || mass == 0) {
-    gather(apply_floor(w, s.live_mask, a.min_share), s.w);
-    return s;
-  }
+  if (__popc(est) < 2 || mass == 0) return finish_update(u.s, w, a.min_share);
   // The slowest estimated VT, ties to the lower id (estimated VTs have t >= 1).
   std::uint64_t const t_max = max(e ? t : 0u);
   int const slowest = __ffs(ballot(e && t == t_max)) - 1;
@@ -168,10 +196,7 @@ RECCL_DEVICE shares update(allocator::texcp const& a, shares const& prev, vt_obs
   std::int64_t const ratio = e ? static_cast<std::int64_t>((t << 16) / mean) : 0;
   bool const hold = __all_sync(full_mask, !e || (ratio <= 65536 + static_cast<std::int64_t>(a.dead_band) &&
                                                  ratio + a.dead_band >= 65536));
-  if (hold) {
-    gather(apply_floor(w, s.live_mask, a.min_share), s.w);
-    return s;
-  }
+  if (hold) return finish_update(u.s, w, a.min_share);
   std::int64_t const step = a.eta < 131072u ? a.eta : 131072;
   std::uint64_t raw = 0;
   bool clamp = false;
@@ -193,8 +218,7 @@ RECCL_DEVICE shares update(allocator::texcp const& a, shares const& prev, vt_obs
     std::uint64_t const q = distribute(raw, est, mass);
     if (e) w = static_cast<std::uint32_t>(q);
   }
-  gather(apply_floor(w, s.live_mask, a.min_share), s.w);
-  return s;
+  return finish_update(u.s, w, a.min_share);
 }
 
 /// allocator::equal::update (equal_shares), one VT per lane.
@@ -211,79 +235,50 @@ RECCL_DEVICE shares update(allocator::equal const&, shares const&, vt_observatio
 
 /// allocator::proportional::update, one VT per lane.
 RECCL_DEVICE shares update(allocator::proportional const& a, shares const& prev, vt_observation const& o) {
-  shares s = reccl::detail::start_from(prev, o, a.min_share);
-  if (check(s) != status::ok) return s;
-  int const i = lane();
-  std::uint32_t w = i < max_vts ? s.w[i] : 0u;
-  std::uint64_t const time = i < max_vts ? o.time[i] : 0u;
-  std::uint32_t const est = ballot(in(s.live_mask) && time > 0);
-  bool const e = in(est);
-  std::uint64_t const t = normalize_time(time, est);
-  std::uint64_t const mass = sum(e ? w : 0u);
-  std::uint64_t const raw = e ? (static_cast<std::uint64_t>(w) << 20) / t : 0u;  // t >= 1 on estimated VTs
-  if (est != 0) {
-    std::uint64_t const q = distribute(raw, est, mass);
-    if (e) w = static_cast<std::uint32_t>(q);
+  update_start const u = start_update(prev, o, a.min_share);
+  if (!u.ok) return u.s;
+  std::uint32_t w = u.w;
+  std::uint64_t const raw = u.e ? (static_cast<std::uint64_t>(w) << 20) / u.t : 0u;  // t >= 1 on estimated VTs
+  if (u.est != 0) {
+    std::uint64_t const q = distribute(raw, u.est, u.mass);
+    if (u.e) w = static_cast<std::uint32_t>(q);
   }
-  gather(apply_floor(w, s.live_mask, a.min_share), s.w);
-  return s;
+  return finish_update(u.s, w, a.min_share);
 }
 
 /// allocator::aimd::update, one VT per lane.
 RECCL_DEVICE shares update(allocator::aimd const& a, shares const& prev, vt_observation const& o) {
-  shares s = reccl::detail::start_from(prev, o, a.min_share);
-  if (check(s) != status::ok) return s;
-  int const i = lane();
-  std::uint32_t w = i < max_vts ? s.w[i] : 0u;
-  std::uint64_t const time = i < max_vts ? o.time[i] : 0u;
-  std::uint32_t const est = ballot(in(s.live_mask) && time > 0);
-  bool const e = in(est);
-  std::uint64_t const t = normalize_time(time, est);
-  std::uint64_t const mass = sum(e ? w : 0u);
-  std::uint64_t const weighted = sum(e ? w * t : 0u);
-  if (mass == 0) {
-    gather(apply_floor(w, s.live_mask, a.min_share), s.w);
-    return s;
-  }
-  std::uint64_t const mean = weighted / mass;
+  update_start const u = start_update(prev, o, a.min_share);
+  if (!u.ok) return u.s;
+  std::uint32_t w = u.w;
+  std::uint64_t const weighted = sum(u.e ? w * u.t : 0u);
+  if (u.mass == 0) return finish_update(u.s, w, a.min_share);
+  std::uint64_t const mean = weighted / u.mass;
   std::uint64_t const limit = mean * (65536 + static_cast<std::uint64_t>(a.tolerance));
   std::uint64_t raw = 0;
-  if (e) {
-    bool const congested = (t << 16) > limit;
+  if (u.e) {
+    bool const congested = (u.t << 16) > limit;
     raw = congested ? static_cast<std::uint64_t>(w) * a.decrease >> 16 : static_cast<std::uint64_t>(w) + a.increase;
   }
-  std::uint64_t const q = distribute(raw, est, mass);
-  if (e) w = static_cast<std::uint32_t>(q);
-  gather(apply_floor(w, s.live_mask, a.min_share), s.w);
-  return s;
+  std::uint64_t const q = distribute(raw, u.est, u.mass);
+  if (u.e) w = static_cast<std::uint32_t>(q);
+  return finish_update(u.s, w, a.min_share);
 }
 
 /// reccl::combine, one rank per lane for the checks and one VT per lane for the estimates.
 RECCL_DEVICE epoch_summary combine(epoch_record const* records, int nranks, epoch_expect const& expect,
                                    telemetry::cost_model_q const& model) {
-  epoch_summary s{};
-  s.epoch = expect.epoch;
-  s.n_vts = expect.n_vts;
-  s.nranks = nranks;
-  if (nranks < 1 || nranks > max_ranks || records == nullptr || expect.n_vts < 1 || expect.n_vts > max_vts) {
-    s.st = status::invalid_argument;
-    s.failed = record_check::nranks;
-    return s;
-  }
+  epoch_summary s = start_summary(records, nranks, expect);
+  if (s.st != status::ok) return s;
   int const me = lane();
   std::uint32_t fault = 0, probe_ok = ~0u;
   for (int base = 0; base < nranks; base += 32) {
     int const r = base + me;
     record_check bad = record_check::none;
     if (r < nranks) {
-      epoch_record const& rec = records[r];
-      if (rec.checksum != record_checksum(rec)) bad = record_check::checksum;
-      else if (rec.rank != r) bad = record_check::rank;
-      else if (rec.epoch != expect.epoch) bad = record_check::epoch;
-      else if (rec.n_vts != expect.n_vts) bad = record_check::n_vts;
-      else if (rec.state_digest != expect.state_digest) bad = record_check::state;
-      fault |= rec.fault_mask;
-      probe_ok &= rec.probe_ok_mask;
+      bad = check_record(records[r], r, expect);
+      fault |= records[r].fault_mask;
+      probe_ok &= records[r].probe_ok_mask;
     }
     std::uint32_t const failing = ballot(bad != record_check::none);
     if (failing != 0) {  // the lowest failing rank, as the serial loop finds it first

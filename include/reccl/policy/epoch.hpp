@@ -153,10 +153,21 @@ struct epoch_summary {
   std::uint64_t bytes[max_vts] = {};        ///< sum over ranks
 };
 
-/// Checks records[0..nranks) against `expect` (in rank order; the first failure wins) and combines
-/// them: per VT the slowest rank's cost-model estimate counts. Deterministic; no allocation.
-RECCL_HOST_DEVICE constexpr epoch_summary combine(epoch_record const* records, int nranks, epoch_expect const& expect,
-                                                  telemetry::cost_model_q const& model) {
+/// The first check record `rec`, rank `r`'s, fails against `expect` (record_check::none if none).
+RECCL_HOST_DEVICE constexpr record_check check_record(epoch_record const& rec, int r, epoch_expect const& expect) {
+  if (rec.checksum != record_checksum(rec)) return record_check::checksum;
+  if (rec.rank != r) return record_check::rank;
+  if (rec.epoch != expect.epoch) return record_check::epoch;
+  if (rec.n_vts != expect.n_vts) return record_check::n_vts;
+  if (rec.state_digest != expect.state_digest) return record_check::state;
+  return record_check::none;
+}
+
+/// A summary of `nranks` records against `expect` before any record is read: its header fields,
+/// and status::invalid_argument (record_check::nranks) for a rank count, VT count or pointer that
+/// no records can have.
+RECCL_HOST_DEVICE constexpr epoch_summary start_summary(epoch_record const* records, int nranks,
+                                                        epoch_expect const& expect) {
   epoch_summary s{};
   s.epoch = expect.epoch;
   s.n_vts = expect.n_vts;
@@ -164,16 +175,18 @@ RECCL_HOST_DEVICE constexpr epoch_summary combine(epoch_record const* records, i
   if (nranks < 1 || nranks > max_ranks || records == nullptr || expect.n_vts < 1 || expect.n_vts > max_vts) {
     s.st = status::invalid_argument;
     s.failed = record_check::nranks;
-    return s;
   }
+  return s;
+}
+
+/// Checks records[0..nranks) against `expect` (in rank order; the first failure wins) and combines
+/// them: per VT the slowest rank's cost-model estimate counts. Deterministic; no allocation.
+RECCL_HOST_DEVICE constexpr epoch_summary combine(epoch_record const* records, int nranks, epoch_expect const& expect,
+                                                  telemetry::cost_model_q const& model) {
+  epoch_summary s = start_summary(records, nranks, expect);
+  if (s.st != status::ok) return s;
   for (int r = 0; r < nranks; ++r) {
-    epoch_record const& rec = records[r];
-    record_check bad = record_check::none;
-    if (rec.checksum != record_checksum(rec)) bad = record_check::checksum;
-    else if (rec.rank != r) bad = record_check::rank;
-    else if (rec.epoch != expect.epoch) bad = record_check::epoch;
-    else if (rec.n_vts != expect.n_vts) bad = record_check::n_vts;
-    else if (rec.state_digest != expect.state_digest) bad = record_check::state;
+    record_check const bad = check_record(records[r], r, expect);
     if (bad != record_check::none) {
       s.st = status::mismatch;
       s.rank = r;
