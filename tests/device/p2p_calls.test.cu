@@ -3,7 +3,8 @@
 //  * graph capture: refused with a clear error before the first call, replayed with new inputs after;
 //  * bad input on one rank (null, misaligned, bad root, bad split): that rank throws, every other
 //    rank stops at once (well before its deadline) and its check() names the rank and the cause;
-//  * a rank that never calls: the others time out naming it.
+//  * a rank that never calls: the others time out naming it; after resume() on every rank the
+//    same call runs again, exact.
 // The VT splits and the big cases of each plan live with its correctness cases
 // (p2p_all_reduce, p2p_reduce_scatter_all_gather, p2p_broadcast_all_to_all), which instantiate it.
 #define CUDA_NO_HALF  // reccl::half, not cuda_fp16.h's global `half`
@@ -204,11 +205,40 @@ void missing_rank(int n) {
     CHECK_MESSAGE(what.find("(peer " + std::to_string(missing) + ")") != std::string::npos,
                   "rank " << r << ": check() does not name the missing rank " << missing << ": " << what);
   }
+  // Then every rank resumes (the missing one too: it comes back) and the same call runs again,
+  // whatever state the failed call left in the rings and flags: input of rank r = r + 1.
+  for (int r = 0; r < n; ++r) w.comms[static_cast<std::size_t>(r)].resume(w.streams[static_cast<std::size_t>(r)]);
+  std::uint64_t const in_count = send_elems(K, n, count), out_count = recv_elems(K, n, count);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> in(in_count, static_cast<float>(r + 1));
+    TEST_CK(cudaMemcpy(w.arena[static_cast<std::size_t>(r)], in.data(), in_count * 4, cudaMemcpyHostToDevice));
+  }
+  TEST_CK(cudaDeviceSynchronize());
+  for (int r = 0; r < n; ++r) {
+    char* const a = w.arena[static_cast<std::size_t>(r)];
+    gpu_call_options o;
+    o.n_vts = 2;
+    op::run(w.comms[static_cast<std::size_t>(r)], reinterpret_cast<float const*>(a), reinterpret_cast<float*>(a + bytes + 256),
+            count, redop::sum, w.streams[static_cast<std::size_t>(r)], o);
+  }
+  TEST_CK(cudaDeviceSynchronize());
+  for (int r = 0; r < n; ++r) {
+    INFO("after resume(), rank " << r);
+    CHECK(check_outcome(w.comms[static_cast<std::size_t>(r)]).what.empty());
+    std::vector<float> out(out_count);
+    TEST_CK(cudaMemcpy(out.data(), w.arena[static_cast<std::size_t>(r)] + bytes + 256, out.size() * 4, cudaMemcpyDeviceToHost));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      float const want = K == collective::all_gather ? static_cast<float>(i / count + 1) : static_cast<float>(n * (n + 1) / 2);
+      wrong += out[i] != want;
+    }
+    CHECK(wrong == 0);
+  }
 }
 
 }  // namespace
 
-TEST_CASE("p2p loopback: a rank that never calls times out, named by the others") {
+TEST_CASE("p2p loopback: a rank that never calls times out, named by the others; after resume() they go on") {
   REQUIRE_GPU();
   // Every rank waits for the missing one directly here; in a ring of 3 or more a rank two hops
   // away waits for its live neighbour, whom it would name instead.

@@ -17,7 +17,10 @@
 // reserves its own, so it never shares a flag or a byte with them.
 //
 // Errors: the device records the first fault of a rank in its window (device::fault);
-// fault()/check() read it. A fault is sticky: rebuild the communicator afterwards.
+// fault()/check() read it. A fault is sticky until resume(): every live rank calls it once its
+// own stream has finished the failed calls, and they go on together (a dead peer stays out of
+// every later call: only a collective that takes a dead-rank mask, the expert exchange, can run
+// without it; the others time out on it again).
 // raise_everywhere() writes a fault into every rank's window from the caller's stream, which is
 // how a rank whose host-side check rejected a call stops its peers at once.
 #pragma once
@@ -56,6 +59,21 @@ namespace detail {
 template <int Unused = 0>
 __global__ void raise_everywhere_kernel(device::memory_handle h, device::fault f) {
   h.raise_everywhere(f);
+}
+/// resume(): every sequence word of this rank to `base`, every flag in its inbox to at least
+/// `base` (an atomic max: a live peer that resumed first may have signalled base + 1 already), and
+/// the fault word cleared.
+template <int Unused = 0>
+__global__ void resume_kernel(device::memory_handle h, std::uint64_t base) {
+  int const n = h.size(), flags = h.layout.n_flags;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < static_cast<std::int64_t>(flags) * (n + 1);
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    device::flag_id const f{static_cast<std::uint32_t>(i / (n + 1))};
+    int const src = static_cast<int>(i % (n + 1)) - 1;
+    if (src < 0) *h.sequence(f) = base;
+    else atomicMax_system(reinterpret_cast<unsigned long long*>(h.inbox(h.rank(), f, src)), static_cast<unsigned long long>(base));
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *static_cast<volatile std::uint64_t*>(h.fault_word(h.rank())) = 0;
 }
 }  // namespace detail
 
@@ -184,6 +202,22 @@ class p2p_communicator {
     if (f.origin != rank()) what += "; seen by rank " + std::to_string(rank());
     throw reccl::error(f.st, what, f.origin, f.vt);
   }
+  /// Go on after a fault (a peer that timed out, a refused call): clears this rank's fault word and
+  /// starts a new generation of every flag -- sequence words and inbox flags jump to
+  /// `resumes x 2^40`, so no signal of the failed calls satisfies a later wait, and the ranks'
+  /// counters agree again however far each got in the calls that failed. Every live rank calls it
+  /// once per fault -- after its stream finished the failed calls (check() threw) and the live
+  /// ranks agreed on the host which rank is dead, and before its next call on this communicator
+  /// (the generations must match: a rank that resumes once more than its peers never meets them
+  /// again). Stream-ordered. A user kernel that keeps its epochs in
+  /// sequence() words goes on with them; one that keeps them elsewhere restarts its own.
+  /// Faults that peers raise into this rank's window after resume() count again.
+  void resume(cudaStream_t stream) {
+    ++generation_;
+    detail::resume_kernel<0><<<32, 256, 0, stream>>>(h_, static_cast<std::uint64_t>(generation_) << 40);
+    RECCL_CUDA_CHECK(cudaGetLastError());
+  }
+
   /// Record `f` in every rank's window, in stream order (capturable).
   void raise_everywhere(device::fault const& f, cudaStream_t stream) const {
     detail::raise_everywhere_kernel<0><<<1, 1, 0, stream>>>(h_, f);
@@ -202,6 +236,7 @@ class p2p_communicator {
     RECCL_CUDA_CHECK(cudaGetDevice(&dev_));
     // raise_everywhere runs while peers' kernels spin: its kernel must not be loaded lazily then
     load_kernel(reinterpret_cast<void const*>(&detail::raise_everywhere_kernel<0>));
+    load_kernel(reinterpret_cast<void const*>(&detail::resume_kernel<0>));
     h_.layout = L;
     h_.my_rank = rank;
     h_.timeout_ns = cfg.timeout_ns;
@@ -240,6 +275,7 @@ class p2p_communicator {
   int dev_ = 0;
   int next_flag_ = 0;
   std::uint64_t next_byte_ = 0;
+  std::uint32_t generation_ = 0;  ///< resume() calls; flags of generation g start at g x 2^40
   device::plan_lane lane_{};
   std::shared_ptr<ipc_windows> ipc_;
   std::shared_ptr<loopback_memory> loopback_;
