@@ -147,4 +147,32 @@ cpu_fp8_answer<H> cpu_fp8_reference(moe_case<H> const& c, fp8_inputs const& q, s
   return ans;
 }
 
+/// Case `c` as the live ranks see it with rank `dead` masked: it sends nothing, and every slot
+/// whose expert it holds is unused (-1).
+template <class H>
+moe_case<H> without_rank(moe_case<H> c, int dead) {
+  c.tokens[dead] = 0, c.x[dead].clear(), c.idx[dead].clear(), c.w[dead].clear();
+  for (auto& idx : c.idx)
+    for (auto& e : idx)
+      if (e >= 0 && c.g.rank_of(e) == dead) e = -1;
+  return c;
+}
+
+/// Slots of rank r's tokens on rank `dead`, and tokens with at least one such slot.
+template <class H>
+reccl::moe::drop_report expected_drops(moe_case<H> const& c, int r, int dead) {
+  reccl::moe::drop_report d{};
+  int const k = c.g.top_k;
+  for (std::uint64_t t = 0; t < c.tokens[r]; ++t) {
+    int lost = 0;
+    for (int j = 0; j < k; ++j) {
+      std::int32_t const e = c.idx[r][t * k + j];
+      lost += e >= 0 && c.g.rank_of(e) == dead;
+    }
+    d.slots += lost;
+    d.tokens += lost > 0;
+  }
+  return d;
+}
+
 }  // namespace moe_test

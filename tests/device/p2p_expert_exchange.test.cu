@@ -44,13 +44,14 @@ struct rig {
   std::vector<std::int32_t*> idx;
   std::vector<float*> w;
 
-  /// Every rank's exchange has `ctas` CTAs, but rank `odd_rank` (if any) has `odd_ctas`.
-  rig(reccl::moe::exchange_config const& cfg, int ctas, int odd_rank = -1, int odd_ctas = 0)
+  /// Every rank's exchange has `ctas` CTAs, but rank `odd_rank` (if any) has `odd_ctas`. The
+  /// waits' deadline is `timeout_s` seconds (RECCL_TEST_TIMEOUT_S, else 20, when 0).
+  rig(reccl::moe::exchange_config const& cfg, int ctas, int odd_rank = -1, int odd_ctas = 0, double timeout_s = 0)
       : n(cfg.route.nranks), max_tokens(cfg.max_tokens), hidden(cfg.hidden), epr(cfg.route.experts_per_rank()) {
     // launched between the ranks' calls from this thread: loaded now, not lazily behind a spinning rank
     reccl::load_kernel(reinterpret_cast<void const*>(&experts_kernel<D>));
     reccl::p2p_config pc;
-    pc.timeout_ns = gpu_test::test_timeout_ns(20);
+    pc.timeout_ns = timeout_s > 0 ? static_cast<std::uint64_t>(timeout_s * 1e9) : gpu_test::test_timeout_ns(20);
     pc.data_bytes = 96ull << 20;
     comms = p2p_communicator::create_loopback(n, 0, pc);
     std::uint64_t const grouped = reccl::moe::receive_bound_of(cfg.route, cfg.max_tokens, cfg.align).grouped;
@@ -108,10 +109,15 @@ struct rig {
     }
     return f;
   }
-  /// Compares every rank's device results with the CPU engine's.
-  void verify(moe_case<H> const& c, cpu_answer<H> const& ans, std::string const& what) {
-    for (std::string const& f : faults()) REQUIRE_MESSAGE(f.empty(), what << ": " << f);
+  /// Compares the device results of every rank in `live` (bit r: rank r) with the CPU engine's.
+  void verify(moe_case<H> const& c, cpu_answer<H> const& ans, std::string const& what, std::uint64_t live = ~0ull) {
+    auto const f = faults();
     for (int r = 0; r < n; ++r) {
+      if (!((live >> r) & 1u)) continue;
+      REQUIRE_MESSAGE(f[r].empty(), what << ": " << f[r]);
+    }
+    for (int r = 0; r < n; ++r) {
+      if (!((live >> r) & 1u)) continue;
       INFO(what << ", rank " << r);
       std::vector<std::int32_t> counts(epr), offsets(epr + 1);
       TEST_CK(cudaMemcpy(counts.data(), ex[r]->expert_counts(), epr * 4, cudaMemcpyDeviceToHost));
@@ -317,4 +323,123 @@ TEST_CASE("p2p expert exchange: bad input on one rank fails every rank, naming i
       CHECK(what.find("9 tokens, created for 8") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("p2p expert exchange: a rank that stops is named; the others resume, mask it and replay their graphs, its slots reported dropped") {
+  REQUIRE_GPU();
+  int const n = 3, dead = 2, align = 4, hidden = 96;
+  std::uint64_t const T = 24;
+  std::uint64_t const live = 0b011;
+  reccl::moe::routing const g{n, 12, 4};
+  rig<reccl::bfloat16, __nv_bfloat16> rg({g, T, hidden, align}, 2, -1, 0, /*timeout_s=*/0.25);
+  auto fixed = [&](std::uint32_t seed) {  // a graph has fixed token counts: every rank sends T
+    auto c = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed);
+    auto const other = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed + 1000);
+    for (int r = 1; r < n; ++r) c.tokens[r] = T, c.x[r] = other.x[0], c.idx[r] = other.idx[0], c.w[r] = other.w[0];
+    return c;
+  };
+  auto drops_of = [&](int r) {
+    reccl::moe::drop_report got{};
+    TEST_CK(cudaMemcpy(&got, rg.ex[r]->dropped(), sizeof(got), cudaMemcpyDeviceToHost));
+    return got;
+  };
+
+  // 1. a layer captured on every rank, replayed by all three
+  std::vector<cudaGraphExec_t> exec(n);
+  for (int r = 0; r < n; ++r) {
+    cudaGraph_t graph = nullptr;
+    TEST_CK(cudaStreamBeginCapture(rg.streams[r], cudaStreamCaptureModeThreadLocal));
+    rg.layer(r, T);
+    TEST_CK(cudaStreamEndCapture(rg.streams[r], &graph));
+    TEST_CK(cudaGraphInstantiate(&exec[r], graph, 0));
+    TEST_CK(cudaGraphDestroy(graph));
+  }
+  auto const c0 = fixed(401);
+  rg.upload(c0);
+  for (int r = 0; r < n; ++r) TEST_CK(cudaGraphLaunch(exec[r], rg.streams[r]));
+  TEST_CK(cudaDeviceSynchronize());
+  rg.verify(c0, cpu_reference(c0, T, align), "all three");
+  CHECK(drops_of(0).slots == 0);
+
+  // 2. rank 2 stops: ranks 0 and 1 give up at the deadline, naming it; nothing is summed
+  auto const c1 = fixed(402);
+  REQUIRE(expected_drops(c1, 0, dead).slots > 0);
+  REQUIRE(expected_drops(c1, 1, dead).slots > 0);
+  rg.upload(c1);
+  for (int r : {0, 1}) TEST_CK(cudaGraphLaunch(exec[r], rg.streams[r]));
+  TEST_CK(cudaDeviceSynchronize());
+  {
+    auto const f = rg.faults();
+    for (int r : {0, 1}) {
+      CAPTURE(f[r]);
+      CHECK(f[r].find("rank " + std::to_string(r) + ": timed out waiting for a peer (peer 2)") != std::string::npos);
+      std::vector<unsigned char> o(T * hidden * 2);
+      TEST_CK(cudaMemcpy(o.data(), rg.out[r], o.size(), cudaMemcpyDeviceToHost));
+      for (unsigned char b : o) REQUIRE(b == 0xA5);
+    }
+  }
+
+  // 3. they resume with rank 2 masked and replay the same graphs (the mask is read when a dispatch
+  // runs): rank 2's slots dropped and reported, the rest exact -- the CPU engine's answer for the
+  // same routing without rank 2's tokens and slots
+  for (int r : {0, 1}) rg.comms[r].resume(rg.streams[r]), rg.ex[r]->mask_ranks(1ull << dead, rg.streams[r]);
+  for (std::uint32_t round = 0; round < 4; ++round) {
+    auto const c = round == 0 ? c1 : fixed(410 + round);
+    std::string const what = "masked replay " + std::to_string(round);
+    rg.upload(c);
+    for (int r : {0, 1}) TEST_CK(cudaGraphLaunch(exec[r], rg.streams[r]));
+    TEST_CK(cudaDeviceSynchronize());
+    rg.verify(without_rank(c, dead), cpu_reference(without_rank(c, dead), T, align), what, live);
+    for (int r : {0, 1}) {
+      INFO(what << ", rank " << r);
+      auto const got = drops_of(r), want = expected_drops(c, r, dead);
+      CHECK(got.slots == want.slots);
+      CHECK(got.tokens == want.tokens);
+    }
+  }
+  // 4. and eager calls with any token counts, skewed routing too
+  for (std::uint32_t round = 0; round < 2; ++round) {
+    auto c = make_moe_case<reccl::bfloat16>(g, hidden, T, round == 0 ? routing_kind::skewed : routing_kind::uniform, 420 + round);
+    std::string const what = "masked eager " + std::to_string(round);
+    rg.upload(c);
+    for (int r : {0, 1}) rg.layer(r, c.tokens[r]);
+    TEST_CK(cudaDeviceSynchronize());
+    rg.verify(without_rank(c, dead), cpu_reference(without_rank(c, dead), T, align), what, live);
+    for (int r : {0, 1}) {
+      INFO(what << ", rank " << r);
+      auto const got = drops_of(r), want = expected_drops(c, r, dead);
+      CHECK(got.slots == want.slots);
+      CHECK(got.tokens == want.tokens);
+    }
+  }
+  for (int r = 0; r < n; ++r) TEST_CK(cudaGraphExecDestroy(exec[r]));
+}
+
+TEST_CASE("p2p expert exchange: masks that name the rank itself or no rank are refused; masks that differ fail naming the rank") {
+  REQUIRE_GPU();
+  int const n = 3;
+  reccl::moe::routing const g{n, 6, 2};
+  rig<float, float> rg({g, 8, 16, 1}, 2, -1, 0, /*timeout_s=*/0.25);
+  auto thrown = [&](int r, std::uint64_t mask) {
+    try {
+      rg.ex[r]->mask_ranks(mask, rg.streams[r]);
+    } catch (reccl::error const& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(thrown(1, 0b010).find("names this rank itself") != std::string::npos);
+  CHECK(thrown(1, 0b1000).find("names a rank outside [0, 3)") != std::string::npos);
+  rg.ex[0]->mask_ranks(0b100, rg.streams[0]);  // ranks 1 and 2 mask nobody
+  auto const c = make_moe_case<float>(g, 16, 8, routing_kind::uniform, 440);
+  rg.upload(c);
+  for (int r = 0; r < n; ++r) rg.layer(r, c.tokens[r]);
+  TEST_CK(cudaDeviceSynchronize());
+  auto const f = rg.faults();
+  for (int r : {0, 1}) {
+    CAPTURE(f[r]);
+    CHECK(f[r].find("rank 1: arguments disagree with a peer's (peer 0)") != std::string::npos);
+  }
+  CAPTURE(f[2]);
+  CHECK(f[2].find("rank 2: timed out waiting for a peer (peer 0)") != std::string::npos);  // rank 0 never signals it
 }

@@ -28,7 +28,15 @@
 // row moves, and recorded on every rank naming the rank at fault: an expert index outside
 // [-1, n_experts) or named twice in one token; an exchange created with another config or CTA count
 // than rank 0's; a null y on a rank that received rows. check() on the communicator throws it;
-// faults are sticky (rebuild the communicator).
+// faults are sticky until comm.resume().
+//
+// A dead rank (its process gone, or a rank that timed out): mask_ranks(dead, stream) on every live
+// rank makes the next dispatches leave it out -- nobody waits for it or sends to it, slots whose
+// expert it holds are dropped (dropped(): counts in device memory; combine sums the other slots)
+// and its experts' rows never arrive. The mask is read on the device by each dispatch, so a
+// captured graph follows the latest mask_ranks(); live ranks whose masks differ fail naming the
+// rank. After a timeout fault: check() names the rank, then on every live rank
+//   comm.resume(stream); ex.mask_ranks(1ull << dead_rank, stream);   // and go on
 //
 // Loopback ranks (one thread issuing every rank's calls): a kernel of yours launched between the
 // ranks' calls, such as the experts, must be loaded before the first dispatch (reccl::load_kernel,
@@ -49,6 +57,13 @@
 #include "p2p.hpp"
 
 namespace reccl {
+
+namespace detail {
+template <int Unused = 0>
+__global__ void set_word_kernel(std::uint64_t* word, std::uint64_t value) {
+  *word = value;
+}
+}  // namespace detail
 
 template <class Tok>
 class p2p_expert_exchange {
@@ -90,8 +105,8 @@ class p2p_expert_exchange {
     window_bytes_ = 8ull * L.table_words() + bound_.grouped * L.row_bytes + scale_bytes + bound_.rows * 4ull * L.record_words() +
                     T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
     std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
-    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4;
-    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 7 * 256));
+    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4 + 8 + 8 + sizeof(moe::drop_report);
+    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 10 * 256));
     char* c = static_cast<char*>(scratch_mem_);
     auto take = [&](std::uint64_t bytes) {
       void* p = c;
@@ -106,14 +121,17 @@ class p2p_expert_exchange {
     s.rows_from = static_cast<std::int64_t*>(take((n + 1) * 8ull));
     s.expert_counts = static_cast<std::int32_t*>(take(epr * 4ull));
     s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
-    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 7 * 256));
+    s.dead_ranks = static_cast<std::uint64_t*>(take(8));
+    s.call_dead = static_cast<std::uint64_t*>(take(8));
+    s.report = static_cast<moe::drop_report*>(take(sizeof(moe::drop_report)));
+    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 10 * 256));
     layout_smem_ = device::moe_layout_smem(L);  // at most 32 x (1024 + 128) x 4 bytes: within sm_90's 227 KiB
     if (layout_smem_ > 48 * 1024)
       RECCL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(layout_smem_)));
     for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_send_kernel<Tok>),
                            reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_return_kernel<Tok>),
-                           reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
+                           reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>), reinterpret_cast<void const*>(&detail::set_word_kernel<0>)})
       load_kernel(k_);
     int const here = comm.ranks_sharing_device();
     require_co_resident(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), 1, device::moe_layout_threads, layout_smem_, here,
@@ -146,6 +164,21 @@ class p2p_expert_exchange {
   }
   std::int32_t const* expert_counts() const { return scratch_.expert_counts; }   ///< device, experts_per_rank
   std::int32_t const* expert_offsets() const { return scratch_.expert_offsets; } ///< device, experts_per_rank + 1
+  /// Device memory: what the latest dispatch dropped for masked ranks (zeros when none is masked).
+  moe::drop_report const* dropped() const { return scratch_.report; }
+
+  /// Leave the ranks of `dead` (bit r: rank r) out of the dispatches that follow in `stream`
+  /// (and their combines); 0 takes every rank again. Every live rank passes the same mask (checked
+  /// at each dispatch). Stream-ordered and capturable; a captured dispatch reads the mask when it
+  /// runs. Throws reccl::error(invalid_argument) for a bit outside [0, nranks) or this rank's own.
+  void mask_ranks(std::uint64_t dead, cudaStream_t stream) {
+    int const n = cfg_.route.nranks, me = comm_->rank();
+    if (n < 64 && (dead >> n) != 0)
+      throw error(status::invalid_argument, "p2p_expert_exchange: mask_ranks names a rank outside [0, " + std::to_string(n) + ")", me);
+    if ((dead >> me) & 1u) throw error(status::invalid_argument, "p2p_expert_exchange: mask_ranks names this rank itself", me);
+    detail::set_word_kernel<0><<<1, 1, 0, stream>>>(scratch_.dead_ranks, dead);
+    RECCL_CUDA_CHECK(cudaGetLastError());
+  }
 
   /// Sends each of `n_tokens` rows of `x` (device) to the ranks of its experts (`topk_idx`,
   /// device, [n_tokens, k]); see the file comment. Every rank calls it, on its own stream.

@@ -107,6 +107,14 @@ struct exchange_config {
   }
 };
 
+/// What a dispatch with dead ranks masked left out (device memory, written by every dispatch):
+/// slots of this rank's tokens whose expert lives on a masked rank, and tokens with at least one
+/// such slot. Those slots add nothing to combine's sum (as an unused slot: -1).
+struct drop_report {
+  std::int64_t slots = 0;
+  std::int64_t tokens = 0;
+};
+
 /// `n` rounded up to a multiple of `align` (align >= 1).
 RECCL_HOST_DEVICE constexpr std::uint64_t align_up(std::uint64_t n, std::uint64_t align) {
   return (n + align - 1) / align * align;

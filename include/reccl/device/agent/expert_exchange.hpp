@@ -26,6 +26,13 @@
 //                         rank, at the slot's return index there; signal done
 //   5. sum      (G CTAs)  wait for every rank's done; out[t] = round(fma over slots in top-k order)
 //
+// Dead ranks: the word scratch.dead_ranks (bit r: rank r is out; host: mask_ranks) is read by each
+// dispatch's layout step and kept for the call (scratch.call_dead, which its combine uses too).
+// A masked rank is never waited for, signalled or written to; its counts read as zero; slots whose
+// expert it holds are dropped (counted in scratch.report, and skipped by the sum as an unused slot).
+// Every live rank publishes its mask in its table head, and a live rank whose mask differs from
+// the first live rank's records a mismatch naming it; a rank masked by itself refuses the call.
+//
 // Reuse across calls needs no extra round: a rank writes into rank d's window (grouped rows,
 // records) only after d's layout step of the same call has published its row, which comes after
 // d's previous file step in d's stream; combine writes into the token's rank only after that
@@ -69,11 +76,12 @@ struct moe_lane {
   std::uint64_t max_tokens = 0;
 
   /// A rank's table at table_off, int64 words, two copies of everything by call parity p: heads
-  /// [2][digest, refusal] first (at the same place whatever the config, so a rank created with
-  /// another one is caught by its digest), then counts [2][counts_words()]: counts per expert
-  /// [E], rows per rank [n], (token, slot) pairs per rank [n].
+  /// [2][digest, refusal, dead mask, spare] first (at the same place whatever the config, so a rank
+  /// created with another one is caught by its digest), then counts [2][counts_words()]: counts
+  /// per expert [E], rows per rank [n], (token, slot) pairs per rank [n].
+  static constexpr int head_words = 4;
   RECCL_HOST_DEVICE constexpr int counts_words() const { return route.n_experts + 2 * route.nranks; }
-  RECCL_HOST_DEVICE constexpr int table_words() const { return 4 + 2 * counts_words(); }
+  RECCL_HOST_DEVICE constexpr int table_words() const { return 2 * head_words + 2 * counts_words(); }
   RECCL_HOST_DEVICE constexpr int record_words() const { return 2 * route.top_k; }
 };
 
@@ -85,6 +93,9 @@ struct moe_scratch {
   std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of rows received per source (dispatch's send step)
   std::int32_t* expert_counts = nullptr;   ///< [experts_per_rank]
   std::int32_t* expert_offsets = nullptr;  ///< [experts_per_rank + 1]
+  std::uint64_t* dead_ranks = nullptr;     ///< the mask the next dispatch takes (bit r: rank r is out)
+  std::uint64_t* call_dead = nullptr;      ///< the mask of the latest dispatch (its combine uses it)
+  moe::drop_report* report = nullptr;      ///< what the latest dispatch dropped
 };
 
 template <class Tok>
@@ -139,11 +150,12 @@ RECCL_DEVICE Tok from_float(float f) {
 
 /// Rank s's table head / counts of the call with epoch `epoch` (its parity picks the copy).
 RECCL_DEVICE std::int64_t* table_head(memory_handle const& h, moe_lane const& L, int s, std::uint64_t epoch) {
-  return h.at<std::int64_t>(s, L.table_off) + 2 * static_cast<std::int64_t>(epoch & 1u);
+  return h.at<std::int64_t>(s, L.table_off) + moe_lane::head_words * static_cast<std::int64_t>(epoch & 1u);
 }
 RECCL_DEVICE std::int64_t* table_counts(memory_handle const& h, moe_lane const& L, int s, std::uint64_t epoch) {
-  return h.at<std::int64_t>(s, L.table_off) + 4 + static_cast<std::int64_t>(epoch & 1u) * L.counts_words();
+  return h.at<std::int64_t>(s, L.table_off) + 2 * moe_lane::head_words + static_cast<std::int64_t>(epoch & 1u) * L.counts_words();
 }
+RECCL_HOST_DEVICE constexpr bool is_dead(std::uint64_t dead, int r) { return ((dead >> r) & 1u) != 0; }
 
 /// One warp copies a row of `bytes` (any memory this GPU reads or writes, peers' windows too):
 /// four 16-byte packs per lane in flight where both pointers and the length are 16-byte multiples,
@@ -218,6 +230,9 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   int const tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warps = moe_layout_threads / 32;
   std::uint64_t const T = a.n_tokens;
   RECCL_MOE_MARK(h, 0);
+  // read by every thread, issued first so that its latency overlaps the rest of the prologue (only
+  // a stream-ordered mask_ranks() writes it: every thread reads the same value)
+  std::uint64_t const dead = *a.s.dead_ranks;
   std::uint64_t* const seq = h.sequence(a.lane.table);
   std::uint64_t const epoch = *seq + 1;
   std::uint64_t const chunk = (T + warps - 1) / warps;
@@ -225,15 +240,19 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   extern __shared__ std::int32_t hist[];  // [warps][W]
   std::int32_t* const mine = hist + static_cast<std::int64_t>(warp) * W;
   for (int i = lane; i < W; i += 32) mine[i] = 0;
-  __syncwarp();
-  bool bad = false;
+  __shared__ unsigned long long dropped[2];  // slots, tokens (added to after the next barrier)
+  if (tid == 0) dropped[0] = dropped[1] = 0;
+  bool bad = tid == 0 && is_dead(dead, me);  // masked by itself: refused, naming this rank
+  unsigned long long lost_slots = 0, lost_tokens = 0;
   // slots of this warp's tokens, in (token, slot) order: rank by expert and by destination rank
   for (std::uint64_t q0 = t0 * k; q0 < t1 * k; q0 += 32) {
     std::uint64_t const q = q0 + lane;
     std::int32_t e = q < t1 * k ? a.topk_idx[q] : -1;
     if (e < -1 || e >= E) bad = true, e = -1;
+    std::int32_t d = e < 0 ? -1 : g.rank_of(e);
+    if (d >= 0 && is_dead(dead, d)) ++lost_slots, e = -1, d = -1;  // dropped: as an unused slot
     std::int32_t const er = rank_in_round(e, mine, lane);
-    std::int32_t const dr = rank_in_round(e < 0 ? -1 : g.rank_of(e), mine + E + n, lane);
+    std::int32_t const dr = rank_in_round(d, mine + E + n, lane);
     if (q < t1 * k) a.s.erank[q] = er, a.s.drank[q] = dr;
   }
   // tokens of this warp: rank among the tokens to each rank
@@ -241,12 +260,15 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     std::uint64_t const t = u0 + lane;
     std::uint64_t m = t < t1 ? moe::ranks_of_token(g, a.topk_idx + t * k) : 0;
     if (m == moe::bad_token) bad = true, m = 0;
+    if ((m & dead) != 0) ++lost_tokens, m &= ~dead;
     for (int d = 0; d < n; ++d) {
       std::int32_t const r = rank_in_round((m >> d) & 1u ? d : -1, mine + E, lane);
       if (t < t1) a.s.rrank[t * n + d] = r;
     }
   }
   int const refused = __syncthreads_or(bad ? 1 : 0);
+  if (lost_slots != 0) atomicAdd(&dropped[0], lost_slots);
+  if (lost_tokens != 0) atomicAdd(&dropped[1], lost_tokens);
   RECCL_MOE_MARK(h, 1);
   // per-warp counts -> per-warp bases; the totals are this rank's row of the table
   std::int64_t* const head = table_head(h, a.lane, me, epoch);
@@ -260,11 +282,13 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     }
     row[c] = run;
   }
-  if (tid == 0) head[0] = a.lane.digest, head[1] = refused;
+  if (tid == 0) head[0] = a.lane.digest, head[1] = refused, head[2] = static_cast<std::int64_t>(dead);
   __syncthreads();
   // final ranks, and where each slot's row comes back in combine (after the pairs of lower ranks)
   __shared__ std::int64_t pair_base[max_memory_ranks];
   if (tid == 0) {
+    a.s.report->slots = static_cast<std::int64_t>(dropped[0]), a.s.report->tokens = static_cast<std::int64_t>(dropped[1]);
+    *a.s.call_dead = dead;
     std::int64_t at = 0;
     for (int d = 0; d < n; ++d) pair_base[d] = at, at += row[E + n + d];
   }
@@ -272,7 +296,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   for (std::uint64_t q = tid; q < T * k; q += blockDim.x) {
     std::int32_t const w = static_cast<std::int32_t>((q / k) / chunk);
     std::int32_t const e = a.topk_idx[q];
-    if (refused || e < 0) {
+    if (refused || e < 0 || is_dead(dead, g.rank_of(e))) {
       a.s.slot_rows[q] = -1;
       continue;
     }
@@ -290,7 +314,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   bool ok = true;
   __syncthreads();  // the row precedes the signals
   RECCL_MOE_MARK(h, 2);
-  if (tid < n && tid != me) {
+  if (tid < n && tid != me && !is_dead(dead, tid)) {
     h.signal(tid, a.lane.table, epoch);
     ok = h.wait(a.lane.table, tid, epoch, clock);
   }
@@ -301,11 +325,14 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
       return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, s, epoch) + w)));
     };
     fault f{};
-    std::int64_t const shape0 = word(0, 0);
+    int first = 0;  // the first live rank's shape and mask are the reference (me, if no other)
+    while (first < me && is_dead(dead, first)) ++first;
+    std::int64_t const shape0 = word(first, 0), dead0 = word(first, 2);
     for (int s = 0; s < n && f.ok(); ++s)
-      if (word(s, 0) != shape0) f = fault{status::invalid_argument, s, 0, -1, fault_cause::peer_mismatch};
+      if (!is_dead(dead, s) && (word(s, 0) != shape0 || word(s, 2) != dead0))
+        f = fault{status::invalid_argument, s, first, -1, fault_cause::peer_mismatch};
     for (int s = 0; s < n && f.ok(); ++s)
-      if (word(s, 1) != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
+      if (!is_dead(dead, s) && word(s, 1) != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
     if (!f.ok()) h.record_fault(f);
     *seq = epoch;
   }
@@ -326,13 +353,15 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
   std::uint64_t const call = *h.sequence(a.lane.table);  // the layout step of this call advanced it
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
+  std::uint64_t const dead = *a.s.call_dead;  // the layout step of this call wrote it
   if (cta_faulted(h)) return;
   __shared__ std::int32_t below[moe_max_experts];   // rows of expert e that lower ranks send
   __shared__ std::int32_t start[moe_max_experts];   // first grouped row of expert e on its rank
   __shared__ std::int64_t rows_below[max_memory_ranks];
-  auto table = [&](int s, int w) {  // word w of rank s's counts
-    return static_cast<std::int64_t>(
-        load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_counts(h, a.lane, s, call) + w)));
+  auto table = [&](int s, int w) {  // word w of rank s's counts (a masked rank sends nothing)
+    return is_dead(dead, s) ? std::int64_t{0}
+                            : static_cast<std::int64_t>(load_relaxed_sys(
+                                  reinterpret_cast<std::uint64_t const*>(table_counts(h, a.lane, s, call) + w)));
   };
   for (int e = tid; e < E; e += blockDim.x) {
     std::int32_t b = 0, total = 0;
@@ -384,7 +413,7 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
   int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
   int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
   for (std::uint64_t t = gwarp; t < a.n_tokens; t += warps) {
-    std::uint64_t const mask = moe::ranks_of_token(g, a.topk_idx + t * k);
+    std::uint64_t const mask = moe::ranks_of_token(g, a.topk_idx + t * k) & ~dead;
     std::int32_t const e = lane < k ? a.topk_idx[t * k + lane] : -1;
     for (int d = 0; d < n; ++d) {
       if (!((mask >> d) & 1u)) continue;
@@ -405,18 +434,19 @@ __global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> con
     }
   }
   __syncthreads();  // every thread's puts precede the signals
-  if (tid < n) h.signal(tid, flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)}, epoch);
+  if (tid < n && !is_dead(dead, tid)) h.signal(tid, flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)}, epoch);
   if (tid == 0) *seq = epoch;
   RECCL_MOE_MARK(h, 7);
 }
 
-/// Waits, in every thread of the CTA, until CTA c of every rank signalled flag base + c at least
-/// `epoch` (c < ctas). False (fault recorded) on a timeout or an earlier fault.
-RECCL_DEVICE bool moe_wait_all(memory_handle const& h, flag_id base, int ctas, std::uint64_t epoch) {
+/// Waits, in every thread of the CTA, until CTA c of every rank not in `dead` signalled flag base
+/// + c at least `epoch` (c < ctas). False (fault recorded) on a timeout or an earlier fault.
+RECCL_DEVICE bool moe_wait_all(memory_handle const& h, flag_id base, int ctas, std::uint64_t epoch, std::uint64_t dead) {
   deadline_clock clock(h.timeout_ns);
   bool ok = true;
   for (int i = static_cast<int>(threadIdx.x); i < h.size() * ctas; i += static_cast<int>(blockDim.x))
-    ok = ok && h.wait(flag_id{base.index + static_cast<std::uint32_t>(i % ctas)}, i / ctas, epoch, clock, i % ctas);
+    if (!moe_detail::is_dead(dead, i / ctas))
+      ok = ok && h.wait(flag_id{base.index + static_cast<std::uint32_t>(i % ctas)}, i / ctas, epoch, clock, i % ctas);
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
@@ -430,9 +460,10 @@ __global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> con
   std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
   // step 2 of this call advanced CTA cta's sequence word to this call's epoch
   std::uint64_t const epoch = *h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
+  std::uint64_t const dead = *a.s.call_dead;
   if (cta_faulted(h)) return;
   RECCL_MOE_MARK(h, 8);
-  if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch)) return;
+  if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch, dead)) return;
   RECCL_MOE_MARK(h, 9);
   char* const grouped = h.at<char>(h.rank(), a.lane.grouped_off);
   float* const scales = h.at<float>(h.rank(), a.lane.scales_off);
@@ -476,6 +507,7 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
   std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
+  std::uint64_t const dead = *a.s.call_dead;  // the dispatch's
   RECCL_MOE_MARK(h, 11);
   if (cta_faulted(h)) return;
   if (a.y == nullptr && a.s.rows_from[n] > 0) {  // rows came in, so y was needed: no rank's sum runs
@@ -500,7 +532,7 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
     }
   }
   __syncthreads();
-  if (tid < n) h.signal(tid, flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)}, epoch);
+  if (tid < n && !is_dead(dead, tid)) h.signal(tid, flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)}, epoch);
   if (tid == 0) *seq = epoch;
   RECCL_MOE_MARK(h, 12);
 }
@@ -513,9 +545,10 @@ __global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> cons
   int const k = a.lane.route.top_k, cta = static_cast<int>(blockIdx.x);
   std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
   std::uint64_t const epoch = *h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
+  std::uint64_t const dead = *a.s.call_dead;
   if (cta_faulted(h)) return;
   RECCL_MOE_MARK(h, 13);
-  if (!moe_wait_all(h, a.lane.back, a.lane.ctas, epoch)) return;
+  if (!moe_wait_all(h, a.lane.back, a.lane.ctas, epoch, dead)) return;
   RECCL_MOE_MARK(h, 14);
   Tok const* const landing = h.at<Tok>(h.rank(), a.lane.landing_off);
   std::uint64_t const total = a.n_tokens * H;
