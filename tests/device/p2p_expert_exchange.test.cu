@@ -383,6 +383,22 @@ TEST_CASE("p2p expert exchange: a rank that stops is named; the others resume, m
   // runs): rank 2's slots dropped and reported, the rest exact -- the CPU engine's answer for the
   // same routing without rank 2's tokens and slots
   for (int r : {0, 1}) rg.comms[r].resume(rg.streams[r]), rg.ex[r]->mask_ranks(1ull << dead, rg.streams[r]);
+  {  // the failed dispatch cannot be combined after resume(): refused, every live rank faults naming rank 0
+    std::string what;
+    try {
+      rg.ex[0]->combine(rg.y[0], rg.w[0], rg.out[0], rg.streams[0]);
+    } catch (reccl::error const& e) {
+      what = e.what();
+    }
+    CHECK(what.find("combine of a dispatch from before comm.resume()") != std::string::npos);
+    TEST_CK(cudaDeviceSynchronize());
+    auto const f = rg.faults();
+    for (int r : {0, 1}) {
+      CAPTURE(f[r]);
+      CHECK(f[r].find("rank 0: bad argument") != std::string::npos);
+    }
+    for (int r : {0, 1}) rg.comms[r].resume(rg.streams[r]);  // a second resume(): generation 2 on both
+  }
   for (std::uint32_t round = 0; round < 4; ++round) {
     auto const c = round == 0 ? c1 : fixed(410 + round);
     std::string const what = "masked replay " + std::to_string(round);

@@ -57,14 +57,14 @@ struct p2p_config {
 
 namespace detail {
 template <int Unused = 0>
-__global__ void raise_everywhere_kernel(device::memory_handle h, device::fault f) {
-  h.raise_everywhere(f);
+__global__ void raise_everywhere_kernel(device::memory_handle h, device::fault f, std::uint64_t skip) {
+  h.raise_everywhere(f, skip);
 }
 /// resume(): every sequence word of this rank to `base`, every flag in its inbox to at least
 /// `base` (an atomic max: a live peer that resumed first may have signalled base + 1 already), and
-/// the fault word cleared.
+/// the fault word cleared if it still holds `seen` (a fault a peer raised since stays).
 template <int Unused = 0>
-__global__ void resume_kernel(device::memory_handle h, std::uint64_t base) {
+__global__ void resume_kernel(device::memory_handle h, std::uint64_t base, std::uint64_t seen) {
   int const n = h.size(), flags = h.layout.n_flags;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < static_cast<std::int64_t>(flags) * (n + 1);
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -73,7 +73,8 @@ __global__ void resume_kernel(device::memory_handle h, std::uint64_t base) {
     if (src < 0) *h.sequence(f) = base;
     else atomicMax_system(reinterpret_cast<unsigned long long*>(h.inbox(h.rank(), f, src)), static_cast<unsigned long long>(base));
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) *static_cast<volatile std::uint64_t*>(h.fault_word(h.rank())) = 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    atomicCAS_system(reinterpret_cast<unsigned long long*>(h.fault_word(h.rank())), static_cast<unsigned long long>(seen), 0ull);
 }
 }  // namespace detail
 
@@ -212,15 +213,23 @@ class p2p_communicator {
   /// again). Stream-ordered. A user kernel that keeps its epochs in
   /// sequence() words goes on with them; one that keeps them elsewhere restarts its own.
   /// Faults that peers raise into this rank's window after resume() count again.
+  /// Synchronous: reads the fault word first, and clears only that fault (one that a peer raises
+  /// before the clear lands, e.g. after it resumed first and refused a call, stays).
   void resume(cudaStream_t stream) {
+    std::uint64_t seen = 0;
+    RECCL_CUDA_CHECK(cudaMemcpy(&seen, h_.fault_word(rank()), sizeof(seen), cudaMemcpyDeviceToHost));
     ++generation_;
-    detail::resume_kernel<0><<<32, 256, 0, stream>>>(h_, static_cast<std::uint64_t>(generation_) << 40);
+    detail::resume_kernel<0><<<32, 256, 0, stream>>>(h_, static_cast<std::uint64_t>(generation_) << 40, seen);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
+  /// How many times resume() ran: a layer that keeps per-call state on the host compares it, to
+  /// refuse continuing a call that began before a resume().
+  std::uint32_t generation() const { return generation_; }
 
-  /// Record `f` in every rank's window, in stream order (capturable).
-  void raise_everywhere(device::fault const& f, cudaStream_t stream) const {
-    detail::raise_everywhere_kernel<0><<<1, 1, 0, stream>>>(h_, f);
+  /// Record `f` in every rank's window but those in `skip` (ranks masked as dead), in stream order
+  /// (capturable).
+  void raise_everywhere(device::fault const& f, cudaStream_t stream, std::uint64_t skip = 0) const {
+    detail::raise_everywhere_kernel<0><<<1, 1, 0, stream>>>(h_, f, skip);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -35,8 +35,12 @@
 // expert it holds are dropped (dropped(): counts in device memory; combine sums the other slots)
 // and its experts' rows never arrive. The mask is read on the device by each dispatch, so a
 // captured graph follows the latest mask_ranks(); live ranks whose masks differ fail naming the
-// rank. After a timeout fault: check() names the rank, then on every live rank
-//   comm.resume(stream); ex.mask_ranks(1ull << dead_rank, stream);   // and go on
+// rank. After a timeout fault: check() names the rank, then on every live rank, once the live
+// ranks agreed on the host which rank is dead,
+//   comm.resume(stream); ex.mask_ranks(1ull << dead_rank, stream);   // and dispatch again
+// (a combine of a dispatch from before resume() is refused). Ranks must agree: a live rank that
+// some ranks mask but that masks none of them is not waited for by them (they go on without it)
+// and times out naming one of them.
 //
 // Loopback ranks (one thread issuing every rank's calls): a kernel of yours launched between the
 // ranks' calls, such as the experts, must be loaded before the first dispatch (reccl::load_kernel,
@@ -178,6 +182,7 @@ class p2p_expert_exchange {
     if ((dead >> me) & 1u) throw error(status::invalid_argument, "p2p_expert_exchange: mask_ranks names this rank itself", me);
     detail::set_word_kernel<0><<<1, 1, 0, stream>>>(scratch_.dead_ranks, dead);
     RECCL_CUDA_CHECK(cudaGetLastError());
+    dead_ = dead;
   }
 
   /// Sends each of `n_tokens` rows of `x` (device) to the ranks of its experts (`topk_idx`,
@@ -213,6 +218,7 @@ class p2p_expert_exchange {
     tokens_ = n_tokens;
     dispatched_ = true;
     combined_ = false;
+    generation_ = comm_->generation();
     device::moe_layout_kernel<Tok><<<1, device::moe_layout_threads, layout_smem_, stream>>>(a);
     device::moe_send_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     device::moe_file_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
@@ -228,6 +234,8 @@ class p2p_expert_exchange {
     if (!dispatched_) reject(device::fault_cause::bad_argument, "combine before any dispatch", stream);
     if (combined_)
       reject(device::fault_cause::bad_argument, "a second combine of one dispatch (a peer may still read the first's rows)", stream);
+    if (generation_ != comm_->generation())
+      reject(device::fault_cause::bad_argument, "combine of a dispatch from before comm.resume(): dispatch again", stream);
     if (tokens_ > 0 && (out == nullptr || topk_weights == nullptr))
       reject(device::fault_cause::null_buffer, "out or topk_weights is null", stream);
     if (reinterpret_cast<std::uintptr_t>(y) % alignof(Tok) != 0 || reinterpret_cast<std::uintptr_t>(out) % alignof(Tok) != 0 ||
@@ -262,7 +270,7 @@ class p2p_expert_exchange {
     return static_cast<std::int64_t>(h | 1u);  // never 0
   }
   [[noreturn]] void reject(device::fault_cause cause, std::string const& what, cudaStream_t stream) {
-    comm_->raise_everywhere(device::fault{status::invalid_argument, comm_->rank(), -1, -1, cause}, stream);
+    comm_->raise_everywhere(device::fault{status::invalid_argument, comm_->rank(), -1, -1, cause}, stream, dead_);
     throw error(status::invalid_argument, "p2p_expert_exchange: " + what, comm_->rank());
   }
 
@@ -275,6 +283,8 @@ class p2p_expert_exchange {
   std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0, layout_smem_ = 0;
   std::uint64_t tokens_ = 0;  // of the latest dispatch
   bool dispatched_ = false, combined_ = false;
+  std::uint32_t generation_ = 0;  // the communicator's resume() count at the latest dispatch
+  std::uint64_t dead_ = 0;        // the latest mask_ranks(): a refusal raises no fault in those windows
 };
 
 }  // namespace reccl

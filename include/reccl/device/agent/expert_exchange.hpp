@@ -240,6 +240,7 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   extern __shared__ std::int32_t hist[];  // [warps][W]
   std::int32_t* const mine = hist + static_cast<std::int64_t>(warp) * W;
   for (int i = lane; i < W; i += 32) mine[i] = 0;
+  __syncwarp();  // rank_in_round reads counts other lanes zeroed
   __shared__ unsigned long long dropped[2];  // slots, tokens (added to after the next barrier)
   if (tid == 0) dropped[0] = dropped[1] = 0;
   bool bad = tid == 0 && is_dead(dead, me);  // masked by itself: refused, naming this rank
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
   RECCL_MOE_MARK(h, 11);
   if (cta_faulted(h)) return;
   if (a.y == nullptr && a.s.rows_from[n] > 0) {  // rows came in, so y was needed: no rank's sum runs
-    if (cta == 0 && tid == 0) h.raise_everywhere(fault{status::invalid_argument, h.rank(), -1, -1, fault_cause::null_buffer});
+    if (cta == 0 && tid == 0) h.raise_everywhere(fault{status::invalid_argument, h.rank(), -1, -1, fault_cause::null_buffer}, dead);
     return;
   }
   int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);

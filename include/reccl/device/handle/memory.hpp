@@ -289,9 +289,10 @@ struct memory_handle {
                      static_cast<unsigned long long>(f.encode()));
   }
   /// Record `f` on every rank (each keeps its own first fault): peers stop within a poll period.
-  RECCL_DEVICE void raise_everywhere(fault const& f) const {
+  /// Ranks in `skip` (bit r: rank r, e.g. ranks masked as dead) are left alone.
+  RECCL_DEVICE void raise_everywhere(fault const& f, std::uint64_t skip = 0) const {
     for (int r = 0; r < size(); ++r)
-      atomicCAS_system(reinterpret_cast<unsigned long long*>(fault_word(r)), 0ull,
+      if (!((skip >> r) & 1u)) atomicCAS_system(reinterpret_cast<unsigned long long*>(fault_word(r)), 0ull,
                        static_cast<unsigned long long>(f.encode()));
   }
   RECCL_DEVICE bool faulted() const { return *static_cast<volatile std::uint64_t const*>(fault_word(my_rank)) != 0; }
