@@ -238,7 +238,7 @@ void missing_rank(int n) {
 
 }  // namespace
 
-TEST_CASE("p2p loopback: a rank that never calls times out, named by the others; after resume() they go on") {
+TEST_CASE("p2p loopback: a rank that never calls times out, named by the others, and after resume() they go on") {
   REQUIRE_GPU();
   // Every rank waits for the missing one directly here; in a ring of 3 or more a rank two hops
   // away waits for its live neighbour, whom it would name instead.

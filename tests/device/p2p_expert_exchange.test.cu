@@ -325,7 +325,7 @@ TEST_CASE("p2p expert exchange: bad input on one rank fails every rank, naming i
   }
 }
 
-TEST_CASE("p2p expert exchange: a rank that stops is named; the others resume, mask it and replay their graphs, its slots reported dropped") {
+TEST_CASE("p2p expert exchange: a rank that stops is named, the others resume, mask it and replay their graphs, its slots reported dropped") {
   REQUIRE_GPU();
   int const n = 3, dead = 2, align = 4, hidden = 96;
   std::uint64_t const T = 24;
@@ -431,7 +431,7 @@ TEST_CASE("p2p expert exchange: a rank that stops is named; the others resume, m
   for (int r = 0; r < n; ++r) TEST_CK(cudaGraphExecDestroy(exec[r]));
 }
 
-TEST_CASE("p2p expert exchange: masks that name the rank itself or no rank are refused; masks that differ fail naming the rank") {
+TEST_CASE("p2p expert exchange: masks that name the rank itself or no rank are refused, masks that differ fail naming the rank") {
   REQUIRE_GPU();
   int const n = 3;
   reccl::moe::routing const g{n, 6, 2};
