@@ -97,6 +97,17 @@ struct rig {
     experts_kernel<D><<<64, 256, 0, streams[r]>>>(ex[r]->received(), y[r], ex[r]->expert_offsets(), ex[r]->expert_counts(), epr, r, hidden);
     ex[r]->combine(y[r], w[r], out[r], streams[r]);
   }
+  /// One layer of rank r (tokens fixed) captured in a CUDA graph.
+  cudaGraphExec_t capture_layer(int r, std::uint64_t tokens) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    TEST_CK(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal));
+    layer(r, tokens);
+    TEST_CK(cudaStreamEndCapture(streams[r], &graph));
+    TEST_CK(cudaGraphInstantiate(&exec, graph, 0));
+    TEST_CK(cudaGraphDestroy(graph));
+    return exec;
+  }
   std::vector<std::string> faults() {
     std::vector<std::string> f;
     for (auto& c : comms) {
@@ -136,6 +147,16 @@ struct rig {
     }
   }
 };
+
+/// A case for a captured graph (fixed token counts): every rank sends `T` tokens, rank 0 with
+/// uniform routing, the others the rows and routing of `others`' rank 0.
+template <class H>
+moe_case<H> fixed_case(reccl::moe::routing g, int hidden, std::uint64_t T, routing_kind others, std::uint32_t seed) {
+  auto c = make_moe_case<H>(g, hidden, T, routing_kind::uniform, seed);
+  auto const o = make_moe_case<H>(g, hidden, T, others, seed + 1000);
+  for (int r = 1; r < g.nranks; ++r) c.tokens[r] = T, c.x[r] = o.x[0], c.idx[r] = o.idx[0], c.w[r] = o.w[0];
+  return c;
+}
 
 template <class H, class D>
 void check_cases(int n, int experts, int k, int hidden, std::uint64_t max_tokens, int align, int ctas) {
@@ -239,26 +260,14 @@ TEST_CASE("p2p expert exchange: captured in a CUDA graph, replayed with new rout
   std::uint64_t const T = 48;
   reccl::moe::routing const g{n, 24, 6};
   rig<reccl::bfloat16, __nv_bfloat16> rg({g, T, hidden, 8}, 4);
-  auto fixed = [&](std::uint32_t seed) {  // a graph has fixed token counts: every rank sends T
-    auto c = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed);
-    auto const full = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::sparse, seed + 1000);
-    for (int r = 1; r < n; ++r) c.tokens[r] = T, c.x[r] = full.x[0], c.idx[r] = full.idx[0], c.w[r] = full.w[0];
-    return c;
-  };
+  auto fixed = [&](std::uint32_t seed) { return fixed_case<reccl::bfloat16>(g, hidden, T, routing_kind::sparse, seed); };
   auto const first = fixed(1);
   rg.upload(first);
   for (int r = 0; r < n; ++r) rg.layer(r, T);  // eager first
   TEST_CK(cudaDeviceSynchronize());
   rg.verify(first, cpu_reference(first, T, 8), "eager");
   std::vector<cudaGraphExec_t> exec(n);
-  for (int r = 0; r < n; ++r) {
-    cudaGraph_t graph = nullptr;
-    TEST_CK(cudaStreamBeginCapture(rg.streams[r], cudaStreamCaptureModeThreadLocal));
-    rg.layer(r, T);
-    TEST_CK(cudaStreamEndCapture(rg.streams[r], &graph));
-    TEST_CK(cudaGraphInstantiate(&exec[r], graph, 0));
-    TEST_CK(cudaGraphDestroy(graph));
-  }
+  for (int r = 0; r < n; ++r) exec[r] = rg.capture_layer(r, T);
   for (std::uint32_t round = 0; round < 3; ++round) {
     auto const c = fixed(50 + round);
     rg.upload(c);
@@ -332,28 +341,26 @@ TEST_CASE("p2p expert exchange: a rank that stops is named, the others resume, m
   std::uint64_t const live = 0b011;
   reccl::moe::routing const g{n, 12, 4};
   rig<reccl::bfloat16, __nv_bfloat16> rg({g, T, hidden, align}, 2, -1, 0, /*timeout_s=*/0.25);
-  auto fixed = [&](std::uint32_t seed) {  // a graph has fixed token counts: every rank sends T
-    auto c = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed);
-    auto const other = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed + 1000);
-    for (int r = 1; r < n; ++r) c.tokens[r] = T, c.x[r] = other.x[0], c.idx[r] = other.idx[0], c.w[r] = other.w[0];
-    return c;
-  };
+  auto fixed = [&](std::uint32_t seed) { return fixed_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, seed); };
   auto drops_of = [&](int r) {
     reccl::moe::drop_report got{};
     TEST_CK(cudaMemcpy(&got, rg.ex[r]->dropped(), sizeof(got), cudaMemcpyDeviceToHost));
     return got;
   };
+  // the live ranks' results against the CPU engine's answer without rank 2, and their drop counts
+  auto verify_masked = [&](moe_case<reccl::bfloat16> const& c, std::string const& what) {
+    rg.verify(without_rank(c, dead), cpu_reference(without_rank(c, dead), T, align), what, live);
+    for (int r : {0, 1}) {
+      INFO(what << ", rank " << r);
+      auto const got = drops_of(r), want = expected_drops(c, r, dead);
+      CHECK(got.slots == want.slots);
+      CHECK(got.tokens == want.tokens);
+    }
+  };
 
   // 1. a layer captured on every rank, replayed by all three
   std::vector<cudaGraphExec_t> exec(n);
-  for (int r = 0; r < n; ++r) {
-    cudaGraph_t graph = nullptr;
-    TEST_CK(cudaStreamBeginCapture(rg.streams[r], cudaStreamCaptureModeThreadLocal));
-    rg.layer(r, T);
-    TEST_CK(cudaStreamEndCapture(rg.streams[r], &graph));
-    TEST_CK(cudaGraphInstantiate(&exec[r], graph, 0));
-    TEST_CK(cudaGraphDestroy(graph));
-  }
+  for (int r = 0; r < n; ++r) exec[r] = rg.capture_layer(r, T);
   auto const c0 = fixed(401);
   rg.upload(c0);
   for (int r = 0; r < n; ++r) TEST_CK(cudaGraphLaunch(exec[r], rg.streams[r]));
@@ -401,32 +408,18 @@ TEST_CASE("p2p expert exchange: a rank that stops is named, the others resume, m
   }
   for (std::uint32_t round = 0; round < 4; ++round) {
     auto const c = round == 0 ? c1 : fixed(410 + round);
-    std::string const what = "masked replay " + std::to_string(round);
     rg.upload(c);
     for (int r : {0, 1}) TEST_CK(cudaGraphLaunch(exec[r], rg.streams[r]));
     TEST_CK(cudaDeviceSynchronize());
-    rg.verify(without_rank(c, dead), cpu_reference(without_rank(c, dead), T, align), what, live);
-    for (int r : {0, 1}) {
-      INFO(what << ", rank " << r);
-      auto const got = drops_of(r), want = expected_drops(c, r, dead);
-      CHECK(got.slots == want.slots);
-      CHECK(got.tokens == want.tokens);
-    }
+    verify_masked(c, "masked replay " + std::to_string(round));
   }
   // 4. and eager calls with any token counts, skewed routing too
   for (std::uint32_t round = 0; round < 2; ++round) {
-    auto c = make_moe_case<reccl::bfloat16>(g, hidden, T, round == 0 ? routing_kind::skewed : routing_kind::uniform, 420 + round);
-    std::string const what = "masked eager " + std::to_string(round);
+    auto const c = make_moe_case<reccl::bfloat16>(g, hidden, T, round == 0 ? routing_kind::skewed : routing_kind::uniform, 420 + round);
     rg.upload(c);
     for (int r : {0, 1}) rg.layer(r, c.tokens[r]);
     TEST_CK(cudaDeviceSynchronize());
-    rg.verify(without_rank(c, dead), cpu_reference(without_rank(c, dead), T, align), what, live);
-    for (int r : {0, 1}) {
-      INFO(what << ", rank " << r);
-      auto const got = drops_of(r), want = expected_drops(c, r, dead);
-      CHECK(got.slots == want.slots);
-      CHECK(got.tokens == want.tokens);
-    }
+    verify_masked(c, "masked eager " + std::to_string(round));
   }
   for (int r = 0; r < n; ++r) TEST_CK(cudaGraphExecDestroy(exec[r]));
 }
