@@ -206,18 +206,17 @@ class p2p_communicator {
   /// Go on after a fault (a peer that timed out, a refused call): clears this rank's fault word and
   /// starts a new generation of every flag -- sequence words and inbox flags jump to
   /// `resumes x 2^40`, so no signal of the failed calls satisfies a later wait, and the ranks'
-  /// counters agree again however far each got in the calls that failed. Every live rank calls it
-  /// once per fault -- after its stream finished the failed calls (check() threw) and the live
-  /// ranks agreed on the host which rank is dead, and before its next call on this communicator
-  /// (the generations must match: a rank that resumes once more than its peers never meets them
-  /// again). Stream-ordered. A user kernel that keeps its epochs in
-  /// sequence() words goes on with them; one that keeps them elsewhere restarts its own.
-  /// Faults that peers raise into this rank's window after resume() count again.
-  /// Synchronous: reads the fault word first, and clears only that fault (one that a peer raises
-  /// before the clear lands, e.g. after it resumed first and refused a call, stays).
+  /// counters agree again however far each got in the calls that failed. A user kernel that keeps
+  /// its epochs in sequence() words goes on with them; one that keeps them elsewhere restarts its own.
+  /// When: every live rank calls it once per fault, after its stream finished the failed calls
+  /// (check() threw) and the live ranks agreed on the host which rank is dead, and before its next
+  /// call on this communicator (the generations must match: a rank that resumes once more than its
+  /// peers never meets them again).
+  /// Order: reads the fault word now (synchronous), then clears it in stream order only if it still
+  /// holds that fault -- one a peer raises in between (e.g. after it resumed first and refused a
+  /// call) stays, as does any fault raised after resume().
   void resume(cudaStream_t stream) {
-    std::uint64_t seen = 0;
-    RECCL_CUDA_CHECK(cudaMemcpy(&seen, h_.fault_word(rank()), sizeof(seen), cudaMemcpyDeviceToHost));
+    std::uint64_t const seen = fault().encode();  // fault words are written as encode()'s bits
     ++generation_;
     detail::resume_kernel<0><<<32, 256, 0, stream>>>(h_, static_cast<std::uint64_t>(generation_) << 40, seen);
     RECCL_CUDA_CHECK(cudaGetLastError());
