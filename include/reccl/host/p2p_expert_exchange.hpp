@@ -232,10 +232,11 @@ class p2p_expert_exchange {
   /// null on a rank that received no rows (found on the device otherwise).
   void combine(Tok const* y, float const* topk_weights, Tok* out, cudaStream_t stream) {
     if (!dispatched_) reject(device::fault_cause::bad_argument, "combine before any dispatch", stream);
-    if (combined_)
-      reject(device::fault_cause::bad_argument, "a second combine of one dispatch (a peer may still read the first's rows)", stream);
+    // before the second-combine check: a captured layer leaves its dispatch marked combined
     if (generation_ != comm_->generation())
       reject(device::fault_cause::bad_argument, "combine of a dispatch from before comm.resume(): dispatch again", stream);
+    if (combined_)
+      reject(device::fault_cause::bad_argument, "a second combine of one dispatch (a peer may still read the first's rows)", stream);
     if (tokens_ > 0 && (out == nullptr || topk_weights == nullptr))
       reject(device::fault_cause::null_buffer, "out or topk_weights is null", stream);
     if (reinterpret_cast<std::uintptr_t>(y) % alignof(Tok) != 0 || reinterpret_cast<std::uintptr_t>(out) % alignof(Tok) != 0 ||
