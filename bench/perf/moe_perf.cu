@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden, "values per token");
   app.add_option("--experts", experts, "experts in total");
   app.add_option("--top-k", top_k, "experts per token");
-  app.add_option("--ctas", ctas, "CTAs of the send, file, return and sum steps");
+  app.add_option("--ctas", ctas, "CTAs of the dispatch and combine kernels");
   app.add_option("--align", align, "rows each expert's block starts on a multiple of");
   app.add_option("--reps", reps, "timed replays per configuration (median)");
   app.add_option("--json", json_path, "write the results here");
@@ -245,11 +245,11 @@ int main(int argc, char** argv) {
       for (auto s : st) CK(cudaStreamSynchronize(s));
       unsigned long long tr[reccl::device::max_memory_ranks][16];
       CK(cudaMemcpyFromSymbol(tr, reccl::device::moe_detail::moe_trace, sizeof(tr)));
-      char const* names[16] = {"layout", "counted", "row", "exchanged", "layout end", "send", "prefix", "send end",
-                               "file", "waited", "file end", "return", "return end", "sum", "waited", "sum end"};
+      char const* names[12] = {"dispatch", "layout end", "table", "plan", "sent", "padded", "waited", "dispatch end",
+                               "combine", "returned", "waited", "combine end"};
       for (int r = 0; r < ranks; ++r) {
         std::printf("  trace rank %d, %llu tokens:", r, static_cast<unsigned long long>(tokens));
-        for (int q = 0; q < 16; ++q) std::printf(" %s %.1f", names[q], (double(tr[r][q]) - double(tr[0][0])) / 1e3);
+        for (int q = 0; q < 12; ++q) std::printf(" %s %.1f", names[q], (double(tr[r][q]) - double(tr[0][0])) / 1e3);
         std::printf("\n");
       }
     }

@@ -73,7 +73,7 @@ template <class Tok>
 class p2p_expert_exchange {
  public:
   /// Reserves this exchange's flags and window bytes on `comm` (collective: see the file comment).
-  /// `ctas`: CTAs of the send, file, return and sum steps, in [1, 64]; every rank passes the same
+  /// `ctas`: CTAs of the dispatch and combine kernels, in [1, 64]; every rank passes the same
   /// (checked on the device at each dispatch, with the config).
   p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 32) : comm_(&comm), cfg_(cfg) {
     auto bad = [&](std::string const& why) { throw error(status::invalid_argument, "p2p_expert_exchange: " + why, comm.rank()); };
@@ -129,19 +129,15 @@ class p2p_expert_exchange {
     s.call_dead = static_cast<std::uint64_t*>(take(8));
     s.report = static_cast<moe::drop_report*>(take(sizeof(moe::drop_report)));
     RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 10 * 256));
-    layout_smem_ = device::moe_layout_smem(L);  // at most 32 x (1024 + 128) x 4 bytes: within sm_90's 227 KiB
-    if (layout_smem_ > 48 * 1024)
-      RECCL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(layout_smem_)));
-    for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_send_kernel<Tok>),
-                           reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_return_kernel<Tok>),
-                           reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>), reinterpret_cast<void const*>(&detail::set_word_kernel<0>)})
-      load_kernel(k_);
+    dispatch_smem_ = device::moe_dispatch_smem(L);  // at most 16 x (1024 + 128) x 4 bytes: within sm_90's 227 KiB
+    auto const dispatch_k = reinterpret_cast<void const*>(&device::moe_dispatch_kernel<Tok>);
+    auto const combine_k = reinterpret_cast<void const*>(&device::moe_combine_kernel<Tok>);
+    if (dispatch_smem_ > 48 * 1024)
+      RECCL_CUDA_CHECK(cudaFuncSetAttribute(dispatch_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dispatch_smem_)));
+    for (void const* k_ : {dispatch_k, combine_k, reinterpret_cast<void const*>(&detail::set_word_kernel<0>)}) load_kernel(k_);
     int const here = comm.ranks_sharing_device();
-    require_co_resident(reinterpret_cast<void const*>(&device::moe_layout_kernel<Tok>), 1, device::moe_layout_threads, layout_smem_, here,
-                        "p2p_expert_exchange: layout step", comm.rank());
-    for (void const* k_ : {reinterpret_cast<void const*>(&device::moe_file_kernel<Tok>), reinterpret_cast<void const*>(&device::moe_sum_kernel<Tok>)})
-      require_co_resident(k_, ctas, device::moe_threads, 0, here, "p2p_expert_exchange: ctas", comm.rank());
+    require_co_resident(dispatch_k, ctas, device::moe_threads, dispatch_smem_, here, "p2p_expert_exchange: ctas", comm.rank());
+    require_co_resident(combine_k, ctas, device::moe_threads, 0, here, "p2p_expert_exchange: ctas", comm.rank());
   }
   p2p_expert_exchange(p2p_expert_exchange const&) = delete;
   p2p_expert_exchange& operator=(p2p_expert_exchange const&) = delete;
@@ -219,9 +215,7 @@ class p2p_expert_exchange {
     dispatched_ = true;
     combined_ = false;
     generation_ = comm_->generation();
-    device::moe_layout_kernel<Tok><<<1, device::moe_layout_threads, layout_smem_, stream>>>(a);
-    device::moe_send_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
-    device::moe_file_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
+    device::moe_dispatch_kernel<Tok><<<lane_.ctas, device::moe_threads, dispatch_smem_, stream>>>(a);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -248,8 +242,7 @@ class p2p_expert_exchange {
     a.out = out;
     a.n_tokens = tokens_;
     combined_ = true;
-    device::moe_return_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
-    device::moe_sum_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
+    device::moe_combine_kernel<Tok><<<lane_.ctas, device::moe_threads, 0, stream>>>(a);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -281,7 +274,7 @@ class p2p_expert_exchange {
   device::moe_lane lane_{};
   device::moe_scratch scratch_{};
   void* scratch_mem_ = nullptr;
-  std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0, layout_smem_ = 0;
+  std::uint64_t window_bytes_ = 0, scratch_bytes_ = 0, dispatch_smem_ = 0;
   std::uint64_t tokens_ = 0;  // of the latest dispatch
   bool dispatched_ = false, combined_ = false;
   std::uint32_t generation_ = 0;  // the communicator's resume() count at the latest dispatch

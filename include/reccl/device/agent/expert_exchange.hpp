@@ -2,32 +2,36 @@
 // the same layout and arithmetic as the CPU engine's (reccl/cpu/expert_exchange.hpp), with the
 // routing in device memory and no host synchronisation (capturable in a CUDA graph).
 //
-//   dispatch, on every rank (stream order):
-//   1. layout   (1 CTA)   rank every slot among this rank's slots of the same expert and of the same
+//   dispatch: one kernel on every rank (stream order), lane.ctas CTAs, all resident at once:
+//   1. layout   (CTA 0)   rank every slot among this rank's slots of the same expert and of the same
 //                         destination rank, and every token among this rank's tokens to each rank,
 //                         in (token, slot) order; publish a row of the table in my window -- a
 //                         digest of the exchange's shape (config, CTAs, token size), a refusal (an
 //                         expert index outside [-1, n_experts), or twice in a token), counts per
-//                         expert, rows and (token, slot) pairs per destination; exchange rows with
-//                         every rank. Every rank then sees the same table: a shape that differs from
-//                         rank 0's, or a refusal, records the same fault (naming the first such
-//                         rank) everywhere, and nothing moves
-//   2. send     (G CTAs)  from the table: where each expert's rows start on its rank (aligned), and
-//                         how many rows of each expert lower ranks send. Each token row crosses once
-//                         to each rank it visits, into the grouped position of its first slot there,
-//                         with a record {grouped position, return index} per slot; signal done
-//   3. file     (G CTAs)  wait for every rank's done; copy each row to its other slots' positions
-//                         (local), zero the padding rows
+//                         expert, rows and (token, slot) pairs per destination -- and signal it to
+//                         every rank, this one included
+//   2. plan     (every CTA) wait for every rank's row; every rank then sees the same table: a shape
+//                         that differs from rank 0's, or a refusal, records the same fault (naming
+//                         the first such rank) everywhere, and nothing moves. From the table: where
+//                         each expert's rows start on its rank (aligned), and how many rows of each
+//                         expert lower ranks send
+//   3. send     (every CTA) each token row crosses once to each rank it visits, into the grouped
+//                         position of its first slot there, with a record {grouped position, return
+//                         index} per slot; signal done; zero my padding rows meanwhile
+//   4. file     (every CTA) wait for every rank's done; copy each row to its other slots' positions
+//                         (local)
 //   A dispatched row is lane.row_bytes of values (token rows, or fp8 e4m3 bytes) and, for fp8,
 //   lane.scale_words fp32 scales that travel beside it into a second grouped area (scales_off):
 //   the kernels move bytes and never read them, so fp8 rows arrive bit for bit.
-//   combine:
-//   4. return   (G CTAs)  for each record, put y's row at each slot's position into the token's
-//                         rank, at the slot's return index there; signal done
-//   5. sum      (G CTAs)  wait for every rank's done; out[t] = round(fma over slots in top-k order)
+//   combine: one kernel, lane.ctas CTAs, all resident at once:
+//   5. return   for each record, put y's row at each slot's position into the token's rank, at
+//               the slot's return index there; signal done
+//   6. sum      wait for every rank's done; out[t] = round(fma over slots in top-k order)
+//   Row copies are spread as (row, piece) pairs over the grid's warps: a few rows are cut into
+//   pieces of at least 512 bytes so that every warp has work; many rows go one per warp.
 //
 // Dead ranks: the word scratch.dead_ranks (bit r: rank r is out; host: mask_ranks) is read by each
-// dispatch's layout step and kept for the call (scratch.call_dead, which its combine uses too).
+// dispatch when it runs and kept for the call (scratch.call_dead, which its combine uses too).
 // A masked rank is never waited for, signalled or written to; its counts read as zero; slots whose
 // expert it holds are dropped (counted in scratch.report, and skipped by the sum as an unused slot).
 // Every live rank publishes its mask in its table head, and a live rank whose mask differs from
@@ -35,13 +39,13 @@
 //
 // Reuse across calls needs no extra round: a rank writes into rank d's window (grouped rows,
 // records) only after d's layout step of the same call has published its row, which comes after
-// d's previous file step in d's stream; combine writes into the token's rank only after that
-// rank's dispatch of the same call, which follows its previous sum. Table rows alternate between
-// two copies by the parity of the call: rank s rewrites copy p only in call i + 2, after its file
-// step of call i + 1 waited for every rank's send step of call i + 1, which follows that rank's
-// reads of copy p in call i -- so dispatches may follow each other without a combine. Combine
-// must follow a dispatch (the host object refuses a second combine of one dispatch). Epochs are
-// per-CTA sequence words.
+// d's previous dispatch kernel in d's stream; combine writes into the token's rank only after that
+// rank's dispatch of the same call, which follows its previous combine. Padding rows are never
+// written by peers. Table rows alternate between two copies by the parity of the call: rank s
+// rewrites copy p only in call i + 2, after its dispatch of call i + 1 waited for every rank's
+// sends of call i + 1, which follow that rank's reads of copy p in call i -- so dispatches may
+// follow each other without a combine. Combine must follow a dispatch (the host object refuses a
+// second combine of one dispatch). Epochs are per-CTA sequence words (done, back).
 #pragma once
 
 #include <cstdint>
@@ -53,8 +57,7 @@
 
 namespace reccl::device {
 
-inline constexpr int moe_layout_threads = 1024;  ///< one CTA, 32 warps
-inline constexpr int moe_threads = 512;
+inline constexpr int moe_threads = 512;  ///< threads of a dispatch or combine CTA
 inline constexpr int moe_max_experts = 1024;
 inline constexpr int moe_max_ctas = 64;  ///< flags are reserved for this many CTAs, whatever the exchange uses
 
@@ -190,9 +193,9 @@ RECCL_DEVICE void zero_row(void* dst, std::uint64_t bytes, int lane) {
 }
 
 #ifdef RECCL_MOE_TRACE
-/// Benchmark builds only: globaltimer stamps of CTA 0's thread 0 at 16 points of the five steps,
-/// per rank (reccl_moe_perf --trace reads them). Points: layout 0-4, send 5-7, file 8-10, return
-/// 11-12, sum 13-15.
+/// Benchmark builds only: globaltimer stamps of CTA 0's thread 0, per rank (reccl_moe_perf reads
+/// them). Points: dispatch 0-7 (start, layout end, table checked, plan, sent, padded, waited, end),
+/// combine 8-11 (start, returned, waited, end).
 __device__ unsigned long long moe_trace[max_memory_ranks][16];
 #define RECCL_MOE_MARK(h, point) \
   do { \
@@ -214,32 +217,77 @@ RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
 
 }  // namespace moe_detail
 
-/// Dynamic shared memory of the layout step: per-warp counts, then per-warp bases [32][counts_words].
-RECCL_HOST_DEVICE constexpr std::uint64_t moe_layout_smem(moe_lane const& L) {
-  return 4ull * (moe_layout_threads / 32) * static_cast<std::uint64_t>(L.counts_words());
+/// Dynamic shared memory of the dispatch kernel: the layout step's per-warp counts, then per-warp
+/// bases [warps][counts_words] (CTA 0 uses it; at most 16 x (1024 + 128) x 4 bytes).
+RECCL_HOST_DEVICE constexpr std::uint64_t moe_dispatch_smem(moe_lane const& L) {
+  return 4ull * (moe_threads / 32) * static_cast<std::uint64_t>(L.counts_words());
 }
 
-/// Step 1 (one CTA of moe_layout_threads, moe_layout_smem() bytes of dynamic shared memory).
+namespace moe_detail {
+
+/// Where one CTA puts rows, from every live rank's row of the table (shared memory, per CTA).
+struct plan {
+  std::int32_t below[moe_max_experts];    ///< rows of expert e that lower ranks send
+  std::int32_t start[moe_max_experts];    ///< first grouped row of expert e on its rank
+  std::int32_t count[moe_max_experts];    ///< my experts (first experts_per_rank entries): rows received
+  std::int32_t pad_end[moe_max_experts];  ///< my experts: padding rows of experts 0 .. l (inclusive prefix)
+  std::int64_t rows_below[max_memory_ranks];  ///< (token) rows lower ranks send to rank d
+  std::int64_t rows_in;                       ///< rows every rank sends me
+};
+
+/// `items` rows of `bytes` each, cut into pieces so that `warps` warps all have work when rows are
+/// few (a piece is at least 512 bytes: one 16-byte pack per lane) and one piece per row when they
+/// are many. Pieces are 16-byte multiples: a row that is 16-byte aligned stays so in every piece.
+struct row_pieces {
+  std::uint64_t per_row = 1, bytes = 0, row_bytes = 0;
+  RECCL_DEVICE row_pieces(std::uint64_t items, std::uint64_t row, std::uint64_t warps) : row_bytes(row) {
+    std::uint64_t const most = (row + 511) / 512;
+    std::uint64_t p = items == 0 ? 1 : warps / items;
+    p = p > most ? most : p;
+    p = p < 1 ? 1 : p;
+    bytes = ((row + p - 1) / p + 15) / 16 * 16;
+    per_row = bytes == 0 ? 1 : (row + bytes - 1) / bytes;
+  }
+  RECCL_DEVICE std::uint64_t offset(std::uint64_t piece) const { return piece * bytes; }
+  RECCL_DEVICE std::uint64_t size(std::uint64_t piece) const {
+    std::uint64_t const o = piece * bytes;
+    return o >= row_bytes ? 0 : (row_bytes - o < bytes ? row_bytes - o : bytes);
+  }
+};
+
+/// Inclusive sum over the warp's lanes (every lane calls it).
+RECCL_DEVICE std::int32_t warp_inclusive_sum(std::int32_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    std::int32_t const y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
+/// Global warp index and count of the grid.
+RECCL_DEVICE int grid_warp() { return static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32); }
+RECCL_DEVICE int grid_warps() { return static_cast<int>(gridDim.x * (blockDim.x / 32)); }
+
+/// Dispatch, CTA 0: rank every slot and token (layout step of the file comment), publish this
+/// rank's row of the table and signal it to every live rank, this one included (the signal's
+/// release orders CTA 0's scratch writes before the other CTAs' reads of them).
 template <class Tok>
-__global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args<Tok> const a) {
-  using namespace moe_detail;
+RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::uint64_t epoch, std::int32_t* hist) {
   memory_handle const& h = a.h;
   moe::routing const g = a.lane.route;
   int const n = g.nranks, k = g.top_k, E = g.n_experts, me = h.rank();
   int const W = a.lane.counts_words();
-  int const tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warps = moe_layout_threads / 32;
+  int const tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warps = static_cast<int>(blockDim.x / 32);
   std::uint64_t const T = a.n_tokens;
-  RECCL_MOE_MARK(h, 0);
-  // read by every thread, issued first so that its latency overlaps the rest of the prologue (only
-  // a stream-ordered mask_ranks() writes it: every thread reads the same value)
-  std::uint64_t const dead = *a.s.dead_ranks;
-  std::uint64_t* const seq = h.sequence(a.lane.table);
-  std::uint64_t const epoch = *seq + 1;
+  // warp w ranks tokens [t0, t1): runs of `chunk`; only the `used` warps that hold tokens zero and
+  // scan their counts (one warp at a handful of tokens)
   std::uint64_t const chunk = (T + warps - 1) / warps;
+  int const used = chunk == 0 ? 0 : static_cast<int>((T + chunk - 1) / chunk);
   std::uint64_t const t0 = chunk * warp < T ? chunk * warp : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-  extern __shared__ std::int32_t hist[];  // [warps][W]
-  std::int32_t* const mine = hist + static_cast<std::int64_t>(warp) * W;
-  for (int i = lane; i < W; i += 32) mine[i] = 0;
+  std::int32_t* const mine = hist + static_cast<std::int64_t>(warp) * W;  // [warps][W] in dynamic shared memory
+  if (warp < used)
+    for (int i = lane; i < W; i += 32) mine[i] = 0;
   __syncwarp();  // rank_in_round reads counts other lanes zeroed
   __shared__ unsigned long long dropped[2];  // slots, tokens (added to after the next barrier)
   if (tid == 0) dropped[0] = dropped[1] = 0;
@@ -270,13 +318,12 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
   int const refused = __syncthreads_or(bad ? 1 : 0);
   if (lost_slots != 0) atomicAdd(&dropped[0], lost_slots);
   if (lost_tokens != 0) atomicAdd(&dropped[1], lost_tokens);
-  RECCL_MOE_MARK(h, 1);
   // per-warp counts -> per-warp bases; the totals are this rank's row of the table
   std::int64_t* const head = table_head(h, a.lane, me, epoch);
   std::int64_t* const row = table_counts(h, a.lane, me, epoch);
-  for (int c = tid; c < W; c += blockDim.x) {
+  for (int c = tid; c < W; c += static_cast<int>(blockDim.x)) {
     std::int32_t run = 0;
-    for (int w = 0; w < warps; ++w) {
+    for (int w = 0; w < used; ++w) {
       std::int32_t const v = hist[w * W + c];
       hist[w * W + c] = run;
       run += v;
@@ -310,17 +357,22 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
     std::int32_t const w = static_cast<std::int32_t>((i / n) / chunk);
     if (a.s.rrank[i] >= 0) a.s.rrank[i] += hist[w * W + E + static_cast<int>(i % n)];
   }
-  // exchange rows
+  __syncthreads();  // the row and the scratch precede the signals
+  if (tid < n && !is_dead(dead, tid)) h.signal(tid, a.lane.table, epoch);
+}
+
+/// Dispatch, every CTA: wait for every live rank's row of this call (this rank's too) and check
+/// the heads -- a shape or mask that differs from the first live rank's, or a refusal, fails the
+/// call the same way on every rank (CTA 0 records it). True in every thread when the call goes on.
+template <class Tok>
+RECCL_DEVICE bool await_table(moe_args<Tok> const& a, std::uint64_t dead, std::uint64_t epoch) {
+  memory_handle const& h = a.h;
+  int const n = a.lane.route.nranks, me = h.rank(), tid = static_cast<int>(threadIdx.x);
   deadline_clock clock(h.timeout_ns);
   bool ok = true;
-  __syncthreads();  // the row precedes the signals
-  RECCL_MOE_MARK(h, 2);
-  if (tid < n && tid != me && !is_dead(dead, tid)) {
-    h.signal(tid, a.lane.table, epoch);
-    ok = h.wait(a.lane.table, tid, epoch, clock);
-  }
-  if (__syncthreads_and(ok ? 1 : 0) == 0) return;
-  RECCL_MOE_MARK(h, 3);
+  if (tid < n && !is_dead(dead, tid)) ok = h.wait(a.lane.table, tid, epoch, clock);
+  if (__syncthreads_and(ok ? 1 : 0) == 0) return false;
+  __shared__ int refused;
   if (tid == 0) {
     auto word = [&](int s, int w) {
       return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, s, epoch) + w)));
@@ -334,111 +386,172 @@ __global__ void __launch_bounds__(moe_layout_threads) moe_layout_kernel(moe_args
         f = fault{status::invalid_argument, s, first, -1, fault_cause::peer_mismatch};
     for (int s = 0; s < n && f.ok(); ++s)
       if (!is_dead(dead, s) && word(s, 1) != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
-    if (!f.ok()) h.record_fault(f);
-    *seq = epoch;
+    if (!f.ok() && blockIdx.x == 0) h.record_fault(f);
+    refused = f.ok() ? 0 : 1;
   }
-  RECCL_MOE_MARK(h, 4);
+  __syncthreads();
+  return refused == 0;
 }
 
-/// Step 2 (lane.ctas CTAs of moe_threads).
+/// Dispatch, every CTA: the plan from the table (a masked rank sends nothing). CTA 0 also writes
+/// the per-expert counts and offsets for the grouped GEMM and where each source's rows start.
 template <class Tok>
-__global__ void __launch_bounds__(moe_threads) moe_send_kernel(moe_args<Tok> const a) {
-  using namespace moe_detail;
+RECCL_DEVICE void make_plan(moe_args<Tok> const& a, std::uint64_t dead, std::uint64_t epoch, plan& P) {
   memory_handle const& h = a.h;
   moe::routing const g = a.lane.route;
-  int const n = g.nranks, k = g.top_k, E = g.n_experts, epr = g.experts_per_rank(), me = h.rank();
-  int const R = a.lane.record_words();
-  int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
-  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
-  RECCL_MOE_MARK(h, 5);
-  std::uint64_t const call = *h.sequence(a.lane.table);  // the layout step of this call advanced it
-  std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
-  std::uint64_t const epoch = *seq + 1;
-  std::uint64_t const dead = *a.s.call_dead;  // the layout step of this call wrote it
-  if (cta_faulted(h)) return;
-  __shared__ std::int32_t below[moe_max_experts];   // rows of expert e that lower ranks send
-  __shared__ std::int32_t start[moe_max_experts];   // first grouped row of expert e on its rank
-  __shared__ std::int64_t rows_below[max_memory_ranks];
-  auto table = [&](int s, int w) {  // word w of rank s's counts (a masked rank sends nothing)
+  int const n = g.nranks, E = g.n_experts, epr = g.experts_per_rank(), me = h.rank();
+  int const tid = static_cast<int>(threadIdx.x), lane = tid % 32, cta = static_cast<int>(blockIdx.x);
+  auto table = [&](int s, int w) {
     return is_dead(dead, s) ? std::int64_t{0}
                             : static_cast<std::int64_t>(load_relaxed_sys(
-                                  reinterpret_cast<std::uint64_t const*>(table_counts(h, a.lane, s, call) + w)));
+                                  reinterpret_cast<std::uint64_t const*>(table_counts(h, a.lane, s, epoch) + w)));
   };
-  for (int e = tid; e < E; e += blockDim.x) {
+  for (int e = tid; e < E; e += static_cast<int>(blockDim.x)) {
     std::int32_t b = 0, total = 0;
     for (int s = 0; s < n; ++s) {
       std::int32_t const c = static_cast<std::int32_t>(table(s, e));
       if (s < me) b += c;
       total += c;
     }
-    below[e] = b;
-    start[e] = total;  // the total for now; turned into the start below
+    P.below[e] = b;
+    P.start[e] = total;  // the total for now; turned into the start below
   }
   if (tid < n) {
     std::int64_t b = 0;
     for (int s = 0; s < me; ++s) b += table(s, E + tid);
-    rows_below[tid] = b;
+    P.rows_below[tid] = b;
+  }
+  if (tid == 32) {  // another warp than the one above
+    std::int64_t at = 0;
+    for (int s = 0; s < n; ++s) {
+      if (cta == 0) a.s.rows_from[s] = at;
+      at += table(s, E + me);
+    }
+    if (cta == 0) a.s.rows_from[n] = at;
+    P.rows_in = at;
   }
   __syncthreads();
   // rank d's experts start at the exclusive prefix of their aligned totals (every start is a
   // multiple of align, so align_up(start + total) = start + align_up(total)): one warp per rank
+  std::int32_t const al = a.lane.align;
   for (int d = tid / 32; d < n; d += static_cast<int>(blockDim.x / 32)) {
-    std::int32_t carry = 0;
-    std::int32_t const al = a.lane.align;
+    std::int32_t carry = 0, pad_carry = 0;
     for (int base = 0; base < epr; base += 32) {
       int const l = base + lane;
-      std::int32_t const total = l < epr ? start[d * epr + l] : 0;
+      std::int32_t const total = l < epr ? P.start[d * epr + l] : 0;
       std::int32_t const size = (total + al - 1) / al * al;
-      std::int32_t incl = size;
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        std::int32_t const y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      if (l < epr) {
-        start[d * epr + l] = carry + incl - size;
-        if (d == me && cta == 0) a.s.expert_counts[l] = total, a.s.expert_offsets[l] = carry + incl - size;
+      std::int32_t const incl = warp_inclusive_sum(size, lane);
+      if (l < epr) P.start[d * epr + l] = carry + incl - size;
+      if (d == me) {
+        std::int32_t const pads = warp_inclusive_sum(size - total, lane);
+        if (l < epr) {
+          P.count[l] = total, P.pad_end[l] = pad_carry + pads;
+          if (cta == 0) a.s.expert_counts[l] = total, a.s.expert_offsets[l] = carry + incl - size;
+        }
+        pad_carry += __shfl_sync(0xffffffffu, pads, 31);
       }
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     if (d == me && cta == 0 && lane == 0) a.s.expert_offsets[epr] = carry;
   }
-  if (cta == 0 && tid == 0) {
-    std::int64_t at = 0;
-    for (int s = 0; s < n; ++s) a.s.rows_from[s] = at, at += table(s, E + me);
-    a.s.rows_from[n] = at;
-  }
   __syncthreads();
-  RECCL_MOE_MARK(h, 6);
-  // one warp per token: one crossing per rank it visits, a record per slot
-  int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
-  int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
-  for (std::uint64_t t = gwarp; t < a.n_tokens; t += warps) {
+}
+
+/// Dispatch, every CTA: one crossing per (token, rank it visits), into the grouped position of its
+/// first slot there, and a record {grouped position, return index} per slot. Work: (token, piece)
+/// pairs over the grid's warps; the piece-0 warp writes the records and the fp8 scales.
+template <class Tok>
+RECCL_DEVICE void send_rows(moe_args<Tok> const& a, std::uint64_t dead, plan const& P) {
+  memory_handle const& h = a.h;
+  moe::routing const g = a.lane.route;
+  int const n = g.nranks, k = g.top_k, R = a.lane.record_words(), lane = static_cast<int>(threadIdx.x % 32);
+  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
+  int const warps = grid_warps();
+  row_pieces const cut(a.n_tokens, RB, static_cast<std::uint64_t>(warps));
+  for (std::uint64_t u = grid_warp(); u < a.n_tokens * cut.per_row; u += warps) {
+    std::uint64_t const t = u / cut.per_row, piece = u % cut.per_row;
     std::uint64_t const mask = moe::ranks_of_token(g, a.topk_idx + t * k) & ~dead;
     std::int32_t const e = lane < k ? a.topk_idx[t * k + lane] : -1;
     for (int d = 0; d < n; ++d) {
       if (!((mask >> d) & 1u)) continue;
       bool const here = e >= 0 && g.rank_of(e) == d;
-      std::int32_t const pos = here ? start[e] + below[e] + a.s.erank[t * k + lane] : -1;
+      std::int32_t const pos = here ? P.start[e] + P.below[e] + a.s.erank[t * k + lane] : -1;
       std::uint32_t const on = __ballot_sync(0xffffffffu, here);
-      int const first = __ffs(on) - 1;
-      std::int32_t const p0 = __shfl_sync(0xffffffffu, pos, first);
-      std::int64_t const rec = rows_below[d] + a.s.rrank[t * n + d];
-      std::int32_t* const r = h.at<std::int32_t>(d, a.lane.records_off) + rec * R;
-      if (lane < k) {
-        r[lane] = pos;
-        r[k + lane] = here ? static_cast<std::int32_t>(a.s.slot_rows[t * k + lane]) : -1;
+      std::int32_t const p0 = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
+      if (piece == 0) {
+        std::int64_t const rec = P.rows_below[d] + a.s.rrank[t * n + d];
+        std::int32_t* const r = h.at<std::int32_t>(d, a.lane.records_off) + rec * R;
+        if (lane < k) {
+          r[lane] = pos;
+          r[k + lane] = here ? static_cast<std::int32_t>(a.s.slot_rows[t * k + lane]) : -1;
+        }
+        if (SW > 0)
+          copy_row(h.at<float>(d, a.lane.scales_off) + static_cast<std::uint64_t>(p0) * SW, a.x_scales + t * SW, SW * 4, lane);
       }
-      copy_row(h.at<char>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * RB, static_cast<char const*>(a.x) + t * RB, RB, lane);
-      if (SW > 0)
-        copy_row(h.at<float>(d, a.lane.scales_off) + static_cast<std::uint64_t>(p0) * SW, a.x_scales + t * SW, SW * 4, lane);
+      std::uint64_t const o = cut.offset(piece);
+      copy_row(h.at<char>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * RB + o, static_cast<char const*>(a.x) + t * RB + o,
+               cut.size(piece), lane);
     }
   }
-  __syncthreads();  // every thread's puts precede the signals
-  if (tid < n && !is_dead(dead, tid)) h.signal(tid, flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)}, epoch);
-  if (tid == 0) *seq = epoch;
-  RECCL_MOE_MARK(h, 7);
 }
+
+/// Dispatch, every CTA: zero this rank's padding rows (after each expert's received rows, up to
+/// the aligned start of the next). Peers never write them, so this overlaps their sends.
+template <class Tok>
+RECCL_DEVICE void zero_padding(moe_args<Tok> const& a, plan const& P) {
+  memory_handle const& h = a.h;
+  int const epr = a.lane.route.experts_per_rank(), me = h.rank(), lane = static_cast<int>(threadIdx.x % 32);
+  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
+  char* const grouped = h.at<char>(me, a.lane.grouped_off);
+  float* const scales = h.at<float>(me, a.lane.scales_off);
+  std::uint64_t const pads = epr > 0 ? static_cast<std::uint64_t>(P.pad_end[epr - 1]) : 0;
+  int const warps = grid_warps();
+  row_pieces const cut(pads, RB, static_cast<std::uint64_t>(warps));
+  for (std::uint64_t u = grid_warp(); u < pads * cut.per_row; u += warps) {
+    std::int64_t const j = static_cast<std::int64_t>(u / cut.per_row);
+    std::uint64_t const piece = u % cut.per_row;
+    int lo = 0, hi = epr - 1;  // expert of padding row j: the first with pad_end > j
+    while (lo < hi) {
+      int const mid = (lo + hi) / 2;
+      if (P.pad_end[mid] > j) hi = mid;
+      else lo = mid + 1;
+    }
+    std::int64_t const before = lo == 0 ? 0 : P.pad_end[lo - 1];
+    std::uint64_t const p = static_cast<std::uint64_t>(P.start[me * epr + lo] + P.count[lo] + (j - before));
+    zero_row(grouped + p * RB + cut.offset(piece), cut.size(piece), lane);
+    if (SW > 0 && piece == 0) zero_row(scales + p * SW, SW * 4, lane);
+  }
+}
+
+/// Dispatch, every CTA, after every rank's sends: copy each received row to its other slots'
+/// positions (local). Work: (row, piece) pairs; the piece-0 warp copies the fp8 scales.
+template <class Tok>
+RECCL_DEVICE void file_rows(moe_args<Tok> const& a, plan const& P) {
+  memory_handle const& h = a.h;
+  int const k = a.lane.route.top_k, R = a.lane.record_words(), lane = static_cast<int>(threadIdx.x % 32);
+  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
+  char* const grouped = h.at<char>(h.rank(), a.lane.grouped_off);
+  float* const scales = h.at<float>(h.rank(), a.lane.scales_off);
+  std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
+  std::uint64_t const rows = static_cast<std::uint64_t>(P.rows_in);
+  int const warps = grid_warps();
+  row_pieces const cut(rows, RB, static_cast<std::uint64_t>(warps));
+  for (std::uint64_t u = grid_warp(); u < rows * cut.per_row; u += warps) {
+    std::uint64_t const i = u / cut.per_row, piece = u % cut.per_row, o = cut.offset(piece), len = cut.size(piece);
+    std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
+    std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
+    std::uint64_t const p0 = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, __ffs(on) - 1));
+    on &= on - 1;  // the first slot's row is in place already
+    while (on) {
+      std::uint64_t const p = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, __ffs(on) - 1));
+      on &= on - 1;
+      copy_row(grouped + p * RB + o, grouped + p0 * RB + o, len, lane);
+      if (SW > 0 && piece == 0) copy_row(scales + p * SW, scales + p0 * SW, SW * 4, lane);
+    }
+  }
+}
+
+}  // namespace moe_detail
 
 /// Waits, in every thread of the CTA, until CTA c of every rank not in `dead` signalled flag base
 /// + c at least `epoch` (c < ctas). False (fault recorded) on a timeout or an earlier fault.
@@ -451,56 +564,49 @@ RECCL_DEVICE bool moe_wait_all(memory_handle const& h, flag_id base, int ctas, s
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
-/// Step 3 (lane.ctas CTAs of moe_threads).
+/// Dispatch: lane.ctas CTAs of moe_threads, moe_dispatch_smem() bytes of dynamic shared memory,
+/// every CTA resident at once (CTAs wait for each other through the flags).
 template <class Tok>
-__global__ void __launch_bounds__(moe_threads) moe_file_kernel(moe_args<Tok> const a) {
+__global__ void __launch_bounds__(moe_threads) moe_dispatch_kernel(moe_args<Tok> const a) {
   using namespace moe_detail;
   memory_handle const& h = a.h;
-  int const k = a.lane.route.top_k, epr = a.lane.route.experts_per_rank(), R = a.lane.record_words();
-  int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
-  std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
-  // step 2 of this call advanced CTA cta's sequence word to this call's epoch
-  std::uint64_t const epoch = *h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
-  std::uint64_t const dead = *a.s.call_dead;
+  int const n = a.lane.route.nranks, tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x);
+  RECCL_MOE_MARK(h, 0);
+  // read by every thread, issued first so that its latency overlaps the rest of the prologue (only
+  // a stream-ordered mask_ranks() writes it: every thread of every CTA reads the same value)
+  std::uint64_t const dead = *a.s.dead_ranks;
+  // the call's epoch: CTA c's sequence word of `done`, the same on every CTA and rank (each
+  // successful call advances every one of them; resume() sets them all alike)
+  std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
+  std::uint64_t const epoch = *seq + 1;
+  extern __shared__ std::int32_t hist[];
   if (cta_faulted(h)) return;
-  RECCL_MOE_MARK(h, 8);
+  if (cta == 0) layout_step(a, dead, epoch, hist);
+  RECCL_MOE_MARK(h, 1);
+  if (!await_table(a, dead, epoch)) return;
+  RECCL_MOE_MARK(h, 2);
+  __shared__ plan P;
+  make_plan(a, dead, epoch, P);
+  RECCL_MOE_MARK(h, 3);
+  send_rows(a, dead, P);
+  __syncthreads();  // every thread's puts precede the signals
+  if (tid < n && !is_dead(dead, tid)) h.signal(tid, flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)}, epoch);
+  RECCL_MOE_MARK(h, 4);
+  zero_padding(a, P);
+  RECCL_MOE_MARK(h, 5);
   if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch, dead)) return;
-  RECCL_MOE_MARK(h, 9);
-  char* const grouped = h.at<char>(h.rank(), a.lane.grouped_off);
-  float* const scales = h.at<float>(h.rank(), a.lane.scales_off);
-  int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
-  int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
-  std::int64_t const rows_in = a.s.rows_from[a.lane.route.nranks];
-  std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
-  for (std::int64_t i = gwarp; i < rows_in; i += warps) {
-    std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
-    std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
-    std::int32_t const p0 = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
-    on &= on - 1;  // the first slot's row is in place already
-    while (on) {
-      std::int32_t const p = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
-      on &= on - 1;
-      copy_row(grouped + static_cast<std::uint64_t>(p) * RB, grouped + static_cast<std::uint64_t>(p0) * RB, RB, lane);
-      if (SW > 0) copy_row(scales + static_cast<std::uint64_t>(p) * SW, scales + static_cast<std::uint64_t>(p0) * SW, SW * 4, lane);
-    }
-  }
-  // padding rows: zeros. Expert l has fewer than align of them: candidate j = l * (align - 1) + r
-  // is row offsets[l] + counts[l] + r when that is below offsets[l + 1]; one warp per candidate
-  std::int64_t const pad_max = a.lane.align - 1;
-  for (std::int64_t j = gwarp; j < static_cast<std::int64_t>(epr) * pad_max; j += warps) {
-    int const l = static_cast<int>(j / pad_max);
-    std::int64_t const p = a.s.expert_offsets[l] + a.s.expert_counts[l] + j % pad_max;
-    if (p < a.s.expert_offsets[l + 1]) {
-      zero_row(grouped + static_cast<std::uint64_t>(p) * RB, RB, lane);
-      if (SW > 0) zero_row(scales + static_cast<std::uint64_t>(p) * SW, SW * 4, lane);
-    }
-  }
-  RECCL_MOE_MARK(h, 10);
+  RECCL_MOE_MARK(h, 6);
+  file_rows(a, P);
+  if (tid == 0) *seq = epoch;
+  RECCL_MOE_MARK(h, 7);
 }
 
-/// Step 4 (lane.ctas CTAs of moe_threads).
+/// Combine: lane.ctas CTAs of moe_threads, every CTA resident at once. Returns y's row at each
+/// slot's position to the token's rank, at the slot's return index there (work: (row, piece) pairs
+/// over the grid's warps), signals, waits for every live rank's returns, then out[t] = round(fma
+/// over slots in top-k order).
 template <class Tok>
-__global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> const a) {
+__global__ void __launch_bounds__(moe_threads) moe_combine_kernel(moe_args<Tok> const a) {
   using namespace moe_detail;
   memory_handle const& h = a.h;
   int const n = a.lane.route.nranks, k = a.lane.route.top_k, R = a.lane.record_words();
@@ -509,48 +615,37 @@ __global__ void __launch_bounds__(moe_threads) moe_return_kernel(moe_args<Tok> c
   std::uint64_t* const seq = h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
   std::uint64_t const epoch = *seq + 1;
   std::uint64_t const dead = *a.s.call_dead;  // the dispatch's
-  RECCL_MOE_MARK(h, 11);
+  RECCL_MOE_MARK(h, 8);
   if (cta_faulted(h)) return;
-  if (a.y == nullptr && a.s.rows_from[n] > 0) {  // rows came in, so y was needed: no rank's sum runs
+  std::uint64_t const rows = static_cast<std::uint64_t>(a.s.rows_from[n]);
+  if (a.y == nullptr && rows > 0) {  // rows came in, so y was needed: no rank's sum runs
     if (cta == 0 && tid == 0) h.raise_everywhere(fault{status::invalid_argument, h.rank(), -1, -1, fault_cause::null_buffer}, dead);
     return;
   }
-  int const warps = static_cast<int>(blockDim.x / 32) * static_cast<int>(gridDim.x);
-  int const gwarp = cta * static_cast<int>(blockDim.x / 32) + tid / 32;
+  int const warps = grid_warps();
+  std::uint64_t const RB = H * sizeof(Tok);
+  row_pieces const cut(rows, RB, static_cast<std::uint64_t>(warps));
   std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
-  for (std::int64_t i = gwarp; i < a.s.rows_from[n]; i += warps) {
+  for (std::uint64_t u = grid_warp(); u < rows * cut.per_row; u += warps) {
+    std::uint64_t const i = u / cut.per_row, piece = u % cut.per_row, o = cut.offset(piece), len = cut.size(piece);
     int s = 0;
-    while (s + 1 < n && a.s.rows_from[s + 1] <= i) ++s;
+    while (s + 1 < n && static_cast<std::uint64_t>(a.s.rows_from[s + 1]) <= i) ++s;
     std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
     std::int32_t const ret = lane < k ? records[i * R + k + lane] : -1;
     std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
     while (on) {
       int const j = __ffs(on) - 1;
       on &= on - 1;
-      std::int32_t const p = __shfl_sync(0xffffffffu, pos, j), back = __shfl_sync(0xffffffffu, ret, j);
-      copy_row(h.at<Tok>(s, a.lane.landing_off) + static_cast<std::uint64_t>(back) * H, a.y + static_cast<std::uint64_t>(p) * H,
-               H * sizeof(Tok), lane);
+      std::uint64_t const p = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, j));
+      std::uint64_t const back = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, ret, j));
+      copy_row(h.at<char>(s, a.lane.landing_off) + back * RB + o, reinterpret_cast<char const*>(a.y) + p * RB + o, len, lane);
     }
   }
-  __syncthreads();
+  __syncthreads();  // every thread's puts precede the signals
   if (tid < n && !is_dead(dead, tid)) h.signal(tid, flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)}, epoch);
-  if (tid == 0) *seq = epoch;
-  RECCL_MOE_MARK(h, 12);
-}
-
-/// Step 5 (lane.ctas CTAs of moe_threads).
-template <class Tok>
-__global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> const a) {
-  using namespace moe_detail;
-  memory_handle const& h = a.h;
-  int const k = a.lane.route.top_k, cta = static_cast<int>(blockIdx.x);
-  std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
-  std::uint64_t const epoch = *h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
-  std::uint64_t const dead = *a.s.call_dead;
-  if (cta_faulted(h)) return;
-  RECCL_MOE_MARK(h, 13);
+  RECCL_MOE_MARK(h, 9);
   if (!moe_wait_all(h, a.lane.back, a.lane.ctas, epoch, dead)) return;
-  RECCL_MOE_MARK(h, 14);
+  RECCL_MOE_MARK(h, 10);
   Tok const* const landing = h.at<Tok>(h.rank(), a.lane.landing_off);
   std::uint64_t const total = a.n_tokens * H;
   constexpr int V = 16 / sizeof(Tok);  // values per 16-byte pack
@@ -578,19 +673,19 @@ __global__ void __launch_bounds__(moe_threads) moe_sum_kernel(moe_args<Tok> cons
       memcpy(&pk, outv, 16);
       *reinterpret_cast<uint4*>(a.out + i) = pk;
     }
-    RECCL_MOE_MARK(h, 15);
-    return;
+  } else {
+    for (std::uint64_t i = cta * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+      std::uint64_t const t = i / H, c = i % H;
+      float acc = 0.f;
+      for (int j = 0; j < k; ++j)
+        if (std::int64_t const r = a.s.slot_rows[t * k + j]; r >= 0)
+          acc = __fmaf_rn(a.topk_weights[t * k + j], to_float<Tok>(landing[static_cast<std::uint64_t>(r) * H + c]), acc);
+      a.out[i] = from_float<Tok>(acc);
+    }
   }
-  for (std::uint64_t i = cta * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t const t = i / H, c = i % H;
-    float acc = 0.f;
-    for (int j = 0; j < k; ++j)
-      if (std::int64_t const r = a.s.slot_rows[t * k + j]; r >= 0)
-        acc = __fmaf_rn(a.topk_weights[t * k + j], to_float<Tok>(landing[static_cast<std::uint64_t>(r) * H + c]), acc);
-    a.out[i] = from_float<Tok>(acc);
-  }
-  RECCL_MOE_MARK(h, 15);
+  if (tid == 0) *seq = epoch;
+  RECCL_MOE_MARK(h, 11);
 }
 
 }  // namespace reccl::device
