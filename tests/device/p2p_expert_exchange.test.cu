@@ -183,6 +183,9 @@ TEST_CASE("p2p expert exchange: bf16 and float, 2 and 3 loopback ranks, the CPU 
   check_cases<reccl::bfloat16, __nv_bfloat16>(3, 12, 8, 136, 40, 16, 2);  // aligned for a grouped GEMM; k > experts per rank
   check_cases<float, float>(3, 6, 2, 33, 17, 4, 1);                       // odd hidden
   check_cases<reccl::bfloat16, __nv_bfloat16>(2, 256, 8, 7168, 64, 16, 8);  // DeepSeek-V3 hidden, experts and top-k, 64 tokens per rank
+  // a few tokens on many warps: rows, padding and returns cut into many pieces per row
+  check_cases<reccl::bfloat16, __nv_bfloat16>(2, 256, 8, 7168, 2, 16, 16);
+  check_cases<float, float>(3, 6, 2, 1001, 3, 4, 8);  // rows of 4,004 bytes: pieces that are not whole 16-byte packs
 }
 
 TEST_CASE("p2p expert exchange: fp8 dispatch, values and scales bit for bit in the CPU engine's layout, and the combine after it") {

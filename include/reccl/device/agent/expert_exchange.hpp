@@ -293,16 +293,26 @@ RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::u
   if (tid == 0) dropped[0] = dropped[1] = 0;
   bool bad = tid == 0 && is_dead(dead, me);  // masked by itself: refused, naming this rank
   unsigned long long lost_slots = 0, lost_tokens = 0;
-  // slots of this warp's tokens, in (token, slot) order: rank by expert and by destination rank
-  for (std::uint64_t q0 = t0 * k; q0 < t1 * k; q0 += 32) {
-    std::uint64_t const q = q0 + lane;
-    std::int32_t e = q < t1 * k ? a.topk_idx[q] : -1;
-    if (e < -1 || e >= E) bad = true, e = -1;
-    std::int32_t d = e < 0 ? -1 : g.rank_of(e);
-    if (d >= 0 && is_dead(dead, d)) ++lost_slots, e = -1, d = -1;  // dropped: as an unused slot
-    std::int32_t const er = rank_in_round(e, mine, lane);
-    std::int32_t const dr = rank_in_round(d, mine + E + n, lane);
-    if (q < t1 * k) a.s.erank[q] = er, a.s.drank[q] = dr;
+  // slots of this warp's tokens, in (token, slot) order: rank by expert and by destination rank.
+  // The routing of B rounds is loaded at once, so that their loads overlap.
+  constexpr int B = 4;
+  std::uint64_t const q_end = t1 * k;
+  for (std::uint64_t q0 = t0 * k; q0 < q_end; q0 += 32 * B) {
+    std::int32_t idx[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) idx[b] = q0 + 32 * b + lane < q_end ? a.topk_idx[q0 + 32 * b + lane] : -1;
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (q0 + 32 * b >= q_end) break;  // the same in every lane
+      std::uint64_t const q = q0 + 32 * b + lane;
+      std::int32_t e = idx[b];
+      if (e < -1 || e >= E) bad = true, e = -1;
+      std::int32_t d = e < 0 ? -1 : g.rank_of(e);
+      if (d >= 0 && is_dead(dead, d)) ++lost_slots, e = -1, d = -1;  // dropped: as an unused slot
+      std::int32_t const er = rank_in_round(e, mine, lane);
+      std::int32_t const dr = rank_in_round(d, mine + E + n, lane);
+      if (q < q_end) a.s.erank[q] = er, a.s.drank[q] = dr;
+    }
   }
   // tokens of this warp: rank among the tokens to each rank
   for (std::uint64_t u0 = t0; u0 < t1; u0 += 32) {
@@ -321,6 +331,7 @@ RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::u
   // per-warp counts -> per-warp bases; the totals are this rank's row of the table
   std::int64_t* const head = table_head(h, a.lane, me, epoch);
   std::int64_t* const row = table_counts(h, a.lane, me, epoch);
+  __shared__ std::int64_t pair_base[max_memory_ranks];  // (token, slot) pairs to rank d, then their prefix
   for (int c = tid; c < W; c += static_cast<int>(blockDim.x)) {
     std::int32_t run = 0;
     for (int w = 0; w < used; ++w) {
@@ -329,33 +340,56 @@ RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::u
       run += v;
     }
     row[c] = run;
+    if (c >= E + n) pair_base[c - E - n] = run;
   }
   if (tid == 0) head[0] = a.lane.digest, head[1] = refused, head[2] = static_cast<std::int64_t>(dead);
   __syncthreads();
   // final ranks, and where each slot's row comes back in combine (after the pairs of lower ranks)
-  __shared__ std::int64_t pair_base[max_memory_ranks];
   if (tid == 0) {
     a.s.report->slots = static_cast<std::int64_t>(dropped[0]), a.s.report->tokens = static_cast<std::int64_t>(dropped[1]);
     *a.s.call_dead = dead;
     std::int64_t at = 0;
-    for (int d = 0; d < n; ++d) pair_base[d] = at, at += row[E + n + d];
+    for (int d = 0; d < n; ++d) {
+      std::int64_t const pairs = pair_base[d];
+      pair_base[d] = at, at += pairs;
+    }
   }
   __syncthreads();
-  for (std::uint64_t q = tid; q < T * k; q += blockDim.x) {
-    std::int32_t const w = static_cast<std::int32_t>((q / k) / chunk);
-    std::int32_t const e = a.topk_idx[q];
-    if (refused || e < 0 || is_dead(dead, g.rank_of(e))) {
-      a.s.slot_rows[q] = -1;
-      continue;
+  // B slots per thread loaded at once (their loads overlap), then finished
+  std::uint64_t const slots = T * k, stride = blockDim.x;
+  for (std::uint64_t q0 = tid; q0 < slots; q0 += B * stride) {
+    std::int32_t ev[B], erv[B], drv[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (std::uint64_t const q = q0 + b * stride; q < slots) ev[b] = a.topk_idx[q], erv[b] = a.s.erank[q], drv[b] = a.s.drank[q];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      std::uint64_t const q = q0 + b * stride;
+      if (q >= slots) break;
+      std::int32_t const e = ev[b];
+      if (refused || e < 0 || is_dead(dead, g.rank_of(e))) {
+        a.s.slot_rows[q] = -1;
+        continue;
+      }
+      std::int32_t const w = static_cast<std::int32_t>((q / k) / chunk), d = g.rank_of(e);
+      std::int32_t const dr = drv[b] + hist[w * W + E + n + d];
+      a.s.erank[q] = erv[b] + hist[w * W + e];
+      a.s.drank[q] = dr;
+      a.s.slot_rows[q] = pair_base[d] + dr;
     }
-    std::int32_t const d = g.rank_of(e);
-    a.s.erank[q] += hist[w * W + e];
-    a.s.drank[q] += hist[w * W + E + n + d];
-    a.s.slot_rows[q] = pair_base[d] + a.s.drank[q];
   }
-  for (std::uint64_t i = tid; i < T * n; i += blockDim.x) {
-    std::int32_t const w = static_cast<std::int32_t>((i / n) / chunk);
-    if (a.s.rrank[i] >= 0) a.s.rrank[i] += hist[w * W + E + static_cast<int>(i % n)];
+  for (std::uint64_t i0 = tid; i0 < T * n; i0 += B * stride) {
+    std::int32_t rv[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (std::uint64_t const i = i0 + b * stride; i < T * n) rv[b] = a.s.rrank[i];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      std::uint64_t const i = i0 + b * stride;
+      if (i >= T * n) break;
+      std::int32_t const w = static_cast<std::int32_t>((i / n) / chunk);
+      if (rv[b] >= 0) a.s.rrank[i] = rv[b] + hist[w * W + E + static_cast<int>(i % n)];
+    }
   }
   __syncthreads();  // the row and the scratch precede the signals
   if (tid < n && !is_dead(dead, tid)) h.signal(tid, a.lane.table, epoch);
@@ -372,20 +406,28 @@ RECCL_DEVICE bool await_table(moe_args<Tok> const& a, std::uint64_t dead, std::u
   bool ok = true;
   if (tid < n && !is_dead(dead, tid)) ok = h.wait(a.lane.table, tid, epoch, clock);
   if (__syncthreads_and(ok ? 1 : 0) == 0) return false;
+  // every live rank's head in one round trip (thread s loads rank s's), then one thread compares
+  __shared__ std::int64_t heads[max_memory_ranks][3];  // digest, refusal, mask
   __shared__ int refused;
+  if (tid < n && !is_dead(dead, tid)) {
+    auto const* const w = reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, tid, epoch));
+    std::uint64_t const shape = load_relaxed_sys(w), refusal = load_relaxed_sys(w + 1), mask = load_relaxed_sys(w + 2);
+    heads[tid][0] = static_cast<std::int64_t>(shape), heads[tid][1] = static_cast<std::int64_t>(refusal);
+    heads[tid][2] = static_cast<std::int64_t>(mask);
+  }
+  __syncthreads();
   if (tid == 0) {
-    auto word = [&](int s, int w) {
-      return static_cast<std::int64_t>(load_relaxed_sys(reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, s, epoch) + w)));
-    };
     fault f{};
-    int first = 0;  // the first live rank's shape and mask are the reference (me, if no other)
+    if (is_dead(dead, me)) f = fault{status::invalid_argument, me, -1, -1, fault_cause::bad_argument};  // masked by itself
+    int first = 0;  // the first live rank's shape and mask are the reference (mine, if no other)
     while (first < me && is_dead(dead, first)) ++first;
-    std::int64_t const shape0 = word(first, 0), dead0 = word(first, 2);
+    std::int64_t const shape0 = first == me ? a.lane.digest : heads[first][0];
+    std::int64_t const dead0 = first == me ? static_cast<std::int64_t>(dead) : heads[first][2];
     for (int s = 0; s < n && f.ok(); ++s)
-      if (!is_dead(dead, s) && (word(s, 0) != shape0 || word(s, 2) != dead0))
+      if (!is_dead(dead, s) && (heads[s][0] != shape0 || heads[s][2] != dead0))
         f = fault{status::invalid_argument, s, first, -1, fault_cause::peer_mismatch};
     for (int s = 0; s < n && f.ok(); ++s)
-      if (!is_dead(dead, s) && word(s, 1) != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
+      if (!is_dead(dead, s) && heads[s][1] != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
     if (!f.ok() && blockIdx.x == 0) h.record_fault(f);
     refused = f.ok() ? 0 : 1;
   }
@@ -470,12 +512,15 @@ RECCL_DEVICE void send_rows(moe_args<Tok> const& a, std::uint64_t dead, plan con
   row_pieces const cut(a.n_tokens, RB, static_cast<std::uint64_t>(warps));
   for (std::uint64_t u = grid_warp(); u < a.n_tokens * cut.per_row; u += warps) {
     std::uint64_t const t = u / cut.per_row, piece = u % cut.per_row;
-    std::uint64_t const mask = moe::ranks_of_token(g, a.topk_idx + t * k) & ~dead;
+    // the slot's expert, rank and return index loaded together, before they are needed
     std::int32_t const e = lane < k ? a.topk_idx[t * k + lane] : -1;
+    std::int32_t const er = lane < k ? a.s.erank[t * k + lane] : 0;
+    std::int64_t const ret = lane < k && piece == 0 ? a.s.slot_rows[t * k + lane] : -1;
+    std::uint64_t const mask = moe::ranks_of_token(g, a.topk_idx + t * k) & ~dead;
     for (int d = 0; d < n; ++d) {
       if (!((mask >> d) & 1u)) continue;
       bool const here = e >= 0 && g.rank_of(e) == d;
-      std::int32_t const pos = here ? P.start[e] + P.below[e] + a.s.erank[t * k + lane] : -1;
+      std::int32_t const pos = here ? P.start[e] + P.below[e] + er : -1;
       std::uint32_t const on = __ballot_sync(0xffffffffu, here);
       std::int32_t const p0 = __shfl_sync(0xffffffffu, pos, __ffs(on) - 1);
       if (piece == 0) {
@@ -483,7 +528,7 @@ RECCL_DEVICE void send_rows(moe_args<Tok> const& a, std::uint64_t dead, plan con
         std::int32_t* const r = h.at<std::int32_t>(d, a.lane.records_off) + rec * R;
         if (lane < k) {
           r[lane] = pos;
-          r[k + lane] = here ? static_cast<std::int32_t>(a.s.slot_rows[t * k + lane]) : -1;
+          r[k + lane] = here ? static_cast<std::int32_t>(ret) : -1;
         }
         if (SW > 0)
           copy_row(h.at<float>(d, a.lane.scales_off) + static_cast<std::uint64_t>(p0) * SW, a.x_scales + t * SW, SW * 4, lane);
