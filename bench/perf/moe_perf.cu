@@ -15,7 +15,7 @@
 // Loopback peers share one GPU's memory: the figures say what the protocol and the data movement
 // cost on one GPU, not what NVLink gives (that comes with the multi-GPU runs).
 //
-//   reccl_moe_perf --ranks 2 --tokens 1,8,128,512,4096 --reps 10 [--fp8] --json out.json
+//   reccl_moe_perf --ranks 2 --tokens 1,8,128,512,4096 --reps 10 [--fp8] [--staged] --json out.json
 //   built with -DRECCL_MOE_TRACE it also prints, per size, when CTA 0 of each rank passed each step
 //   of one more eager layer (globaltimer; the timed figures then include the stamps' stores)
 #include <cuda_bf16.h>
@@ -100,7 +100,10 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here");
   bool fp8 = false;
   app.add_flag("--fp8", fp8, "dispatch fp8 e4m3 rows with one fp32 scale per 128 values (combine stays bf16)");
+  bool staged = false;
+  app.add_flag("--staged", staged, "the staged protocol: one round, rows through per-source staging (small batches)");
   CLI11_PARSE(app, argc, argv);
+  auto const protocol = staged ? reccl::moe_protocol::staged : reccl::moe_protocol::table;
 
   std::uint64_t const T = *std::max_element(token_counts.begin(), token_counts.end());
   reccl::moe::exchange_config const cfg{{ranks, experts, top_k}, T, hidden, align,
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
   std::uint64_t const H = hidden, k = top_k;
   reccl::p2p_config pc;
   pc.data_bytes = (bound.grouped + T * k) * H * 2 + bound.rows * 8 * k + (64u << 20);
+  if (staged) pc.data_bytes += 2 * bound.rows * (row_bytes + 4 * k);  // staging: [2][ranks][T] rows and records
   pc.plan_max_ctas = std::max(16, ctas);
   auto comms = reccl::p2p_communicator::create_loopback(ranks, 0, pc);
   std::vector<cudaStream_t> st(ranks);
@@ -129,7 +133,7 @@ int main(int argc, char** argv) {
   reccl::load_kernel(reinterpret_cast<void const*>(&fp8_experts_kernel));
   reccl::load_kernel(reinterpret_cast<void const*>(&empty_kernel));
   for (int r = 0; r < ranks; ++r) {
-    ex.push_back(std::make_unique<reccl::p2p_expert_exchange<bf16>>(comms[r], cfg, ctas));
+    ex.push_back(std::make_unique<reccl::p2p_expert_exchange<bf16>>(comms[r], cfg, ctas, protocol));
     CK(cudaMalloc(&x[r], T * H * 2));
     CK(cudaMalloc(&xq[r], T * H + 16));
     CK(cudaMalloc(&xs[r], T * S * 4 + 16));
@@ -140,12 +144,12 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&idx[r], T * k * 4));
     CK(cudaMalloc(&w[r], T * k * 4));
   }
-  std::printf("%d ranks, hidden %d, top-%d of %d experts, %d CTAs, align %d, dispatch %s; window %.1f MB per rank\n", ranks, hidden,
-              top_k, experts, ctas, align, fp8 ? "fp8 e4m3 + scales" : "bf16", double(pc.data_bytes) / 1e6);
+  std::printf("%d ranks, hidden %d, top-%d of %d experts, %d CTAs, align %d, dispatch %s, %s protocol; window %.1f MB per rank\n", ranks,
+              hidden, top_k, experts, ctas, align, fp8 ? "fp8 e4m3 + scales" : "bf16", staged ? "staged" : "table", double(pc.data_bytes) / 1e6);
   std::printf("%8s %12s %12s %14s %12s %10s %12s %8s\n", "tokens", "dispatch_us", "combine_us", "disp+comb_us", "floor_us", "empty_us",
               "payload_MB", "wrong");
   nlohmann::json js{{"tool", "reccl_moe_perf"}, {"ranks", ranks}, {"hidden", hidden}, {"experts", experts}, {"top_k", top_k},
-                    {"ctas", ctas}, {"align", align}, {"reps", reps}, {"dispatch", fp8 ? "fp8_e4m3" : "bf16"},
+                    {"ctas", ctas}, {"align", align}, {"reps", reps}, {"dispatch", fp8 ? "fp8_e4m3" : "bf16"}, {"protocol", staged ? "staged" : "table"},
                     {"results", nlohmann::json::array()}};
   std::mt19937 g(20261205);
   int const epr = experts / ranks;
@@ -245,11 +249,17 @@ int main(int argc, char** argv) {
       for (auto s : st) CK(cudaStreamSynchronize(s));
       unsigned long long tr[reccl::device::max_memory_ranks][16];
       CK(cudaMemcpyFromSymbol(tr, reccl::device::moe_detail::moe_trace, sizeof(tr)));
-      char const* names[12] = {"dispatch", "layout end", "table", "plan", "sent", "padded", "waited", "dispatch end",
-                               "combine", "returned", "waited", "combine end"};
+      char const* const table_names[12] = {"dispatch", "layout end", "table", "plan", "sent", "padded", "waited", "dispatch end",
+                                           "combine", "returned", "waited", "combine end"};
+      char const* const staged_names[12] = {"dispatch", "published", "agreed", "planned", "sent", "filed", "waited", "dispatch end",
+                                            "combine", "returned", "waited", "combine end"};
+      int const table_order[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, staged_order[12] = {0, 1, 2, 4, 6, 3, 5, 7, 8, 9, 10, 11};
       for (int r = 0; r < ranks; ++r) {
         std::printf("  trace rank %d, %llu tokens:", r, static_cast<unsigned long long>(tokens));
-        for (int q = 0; q < 12; ++q) std::printf(" %s %.1f", names[q], (double(tr[r][q]) - double(tr[0][0])) / 1e3);
+        for (int i = 0; i < 12; ++i) {
+          int const q = staged ? staged_order[i] : table_order[i];
+          std::printf(" %s %.1f", (staged ? staged_names : table_names)[q], (double(tr[r][q]) - double(tr[0][0])) / 1e3);
+        }
         std::printf("\n");
       }
     }

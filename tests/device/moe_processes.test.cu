@@ -5,8 +5,9 @@
 // all-to-allv's received blocks, counts and offsets against the send data (float, random counts
 // with zeros and gaps); the MoE layer's grouped rows, per-expert counts and offsets and combined
 // outputs bit for bit against the CPU engine (bf16, uniform and skewed routing, one exchange used
-// twice). Then a rank that leaves without dispatching: the others time out naming it, near the
-// deadline, resume with it masked and go on (its slots dropped and reported).
+// twice), with both protocols (table and staged). Then a rank that leaves without dispatching: the
+// others time out naming it, near the deadline, resume with it masked and go on (its slots dropped
+// and reported), with both protocols.
 #define CUDA_NO_HALF
 #include "../doctest_main.hpp"
 
@@ -101,12 +102,13 @@ void all_to_allv(int me, int n, p2p_communicator& comm, cudaStream_t s) {
   TEST_CK(cudaFree(counts));
 }
 
-void expert_exchange(int me, int n, p2p_communicator& comm, cudaStream_t s) {
+void expert_exchange(int me, int n, p2p_communicator& comm, cudaStream_t s, reccl::moe_protocol protocol) {
   reccl::moe::routing const g{n, 4 * n, 4};
   int const hidden = 256, align = 8, epr = g.experts_per_rank();
   std::uint64_t const T = 48;
   reccl::load_kernel(reinterpret_cast<void const*>(&experts_kernel<__nv_bfloat16>));
-  reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {g, T, hidden, align}, 4);
+  reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {g, T, hidden, align}, 4, protocol);
+  int const proto = static_cast<int>(protocol);
   auto const grouped = ex.capacity().grouped;
   auto* x = device_alloc<__nv_bfloat16>(T * hidden);
   auto* y = device_alloc<__nv_bfloat16>(grouped * hidden);
@@ -130,14 +132,17 @@ void expert_exchange(int me, int n, p2p_communicator& comm, cudaStream_t s) {
     std::vector<std::int32_t> counts(epr), offsets(epr + 1);
     TEST_CK(cudaMemcpy(counts.data(), ex.expert_counts(), epr * 4, cudaMemcpyDeviceToHost));
     TEST_CK(cudaMemcpy(offsets.data(), ex.expert_offsets(), (epr + 1) * 4, cudaMemcpyDeviceToHost));
-    EXPECT(counts == ans.counts[me] && offsets == ans.offsets[me], "rank %d, routing %d: expert counts or offsets differ", me, int(kind));
+    EXPECT(counts == ans.counts[me] && offsets == ans.offsets[me], "rank %d, routing %d, protocol %d: expert counts or offsets differ", me,
+           int(kind), proto);
     std::vector<reccl::bfloat16> got(ans.grouped[me].size());
     TEST_CK(cudaMemcpy(got.data(), ex.received(), got.size() * 2, cudaMemcpyDeviceToHost));
-    EXPECT(std::memcmp(got.data(), ans.grouped[me].data(), got.size() * 2) == 0, "rank %d, routing %d: grouped rows differ", me, int(kind));
+    EXPECT(std::memcmp(got.data(), ans.grouped[me].data(), got.size() * 2) == 0, "rank %d, routing %d, protocol %d: grouped rows differ", me,
+           int(kind), proto);
     std::vector<reccl::bfloat16> o(c.tokens[me] * hidden);
     TEST_CK(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
-    EXPECT(std::memcmp(o.data(), ans.out[me].data(), o.size() * 2) == 0, "rank %d, routing %d: combined outputs differ", me, int(kind));
-    std::fprintf(stderr, "rank %d of %d: moe routing %d: %llu tokens, %d grouped rows\n", me, n, int(kind),
+    EXPECT(std::memcmp(o.data(), ans.out[me].data(), o.size() * 2) == 0, "rank %d, routing %d, protocol %d: combined outputs differ", me,
+           int(kind), proto);
+    std::fprintf(stderr, "rank %d of %d: moe routing %d, protocol %d: %llu tokens, %d grouped rows\n", me, n, int(kind), proto,
                  (unsigned long long)c.tokens[me], offsets[epr]);
   }
   for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(out), static_cast<void*>(idx), static_cast<void*>(w)})
@@ -145,16 +150,16 @@ void expert_exchange(int me, int n, p2p_communicator& comm, cudaStream_t s) {
 }
 
 // The last rank creates its exchange and leaves (its process exits) without dispatching: the
-// others' layout steps time out naming it, after about the 5 s deadline. Then they resume, mask
+// others' first waits (the table, or the staged protocol's first-call check) time out naming it, after about the 5 s deadline. Then they resume, mask
 // it and go on: a layer whose slots on the missing rank are dropped and reported, the rest bit for
 // bit the CPU engine's answer without that rank.
-void missing_rank(int me, int n, reccl::proxy::rank_exchange const& exch) {
+void missing_rank(int me, int n, reccl::proxy::rank_exchange const& exch, reccl::moe_protocol protocol) {
   p2p_communicator comm = p2p_communicator::create(me, n, exch, config(5'000'000'000ull));
   reccl::moe::routing const g{n, 2 * n, 2};
   int const hidden = 64, epr = g.experts_per_rank();
   std::uint64_t const T = 8;
   reccl::load_kernel(reinterpret_cast<void const*>(&experts_kernel<__nv_bfloat16>));
-  reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {g, T, hidden, 1}, 2);
+  reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {g, T, hidden, 1}, 2, protocol);
   int const missing = n - 1;
   if (me == missing) return;  // destroys its communicator with the others, never calling
   auto const c = make_moe_case<reccl::bfloat16>(g, hidden, T, routing_kind::uniform, 5);
@@ -217,10 +222,10 @@ int child_main(int me, int n, reccl::proxy::rank_exchange exch) {
     cudaStream_t s;
     TEST_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     all_to_allv(me, n, comm, s);
-    expert_exchange(me, n, comm, s);
+    for (auto p : {reccl::moe_protocol::table, reccl::moe_protocol::staged}) expert_exchange(me, n, comm, s, p);
     TEST_CK(cudaStreamDestroy(s));
   }
-  missing_rank(me, n, exch);
+  for (auto p : {reccl::moe_protocol::table, reccl::moe_protocol::staged}) missing_rank(me, n, exch, p);
   return child_fails == 0 ? 0 : 1;
 }
 

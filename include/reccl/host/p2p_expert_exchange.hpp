@@ -19,6 +19,15 @@
 //   reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {{n, 256, 8}, max_tokens, 7168, 128, reccl::moe::payload::fp8_e4m3});
 //   ex.dispatch({x_e4m3, x_scales}, topk_idx, n_tokens, stream);
 //   auto [v, sc] = ex.received_fp8();                      // the experts dequantise v * sc
+//
+// Protocols (the output is the same, bit for bit): moe_protocol::table (the default) exchanges
+// counts first and writes each row straight to its grouped place -- two cross-rank rounds, window
+// memory for the grouped rows only; moe_protocol::staged sends at once into a per-source staging
+// area of 2 x nranks x max_tokens rows on every rank and files locally -- one round, for small
+// batches (nranks x max_tokens x top_k <= 16384):
+//   reccl::p2p_expert_exchange<__nv_bfloat16> ex(comm, {{n, 256, 8}, 128, 7168, 128}, 32, reccl::moe_protocol::staged);
+// A staged exchange's first successful dispatch also checks, before any row moves, that every rank
+// created it alike; later ones check after the rows moved (into staging only), before filing.
 // Creation reserves the window space (capacity(), memory_bytes()) and is collective: every rank
 // creates its exchanges in the same order with the same config.
 //
@@ -54,6 +63,7 @@
 #include <string>
 
 #include "../device/agent/expert_exchange.hpp"
+#include "../device/agent/expert_exchange_staged.hpp"
 #include "../moe/fp8.hpp"
 #include "../moe/routing.hpp"
 #include "error.hpp"
@@ -61,6 +71,8 @@
 #include "p2p.hpp"
 
 namespace reccl {
+
+using device::moe_protocol;
 
 namespace detail {
 template <int Unused = 0>
@@ -75,13 +87,21 @@ class p2p_expert_exchange {
   /// Reserves this exchange's flags and window bytes on `comm` (collective: see the file comment).
   /// `ctas`: CTAs of the dispatch and combine kernels, in [1, 64]; every rank passes the same
   /// (checked on the device at each dispatch, with the config).
-  p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 32) : comm_(&comm), cfg_(cfg) {
+  /// `protocol`: see the file comment (every rank passes the same; checked with the config).
+  p2p_expert_exchange(p2p_communicator& comm, moe::exchange_config const& cfg, int ctas = 32, moe_protocol protocol = moe_protocol::table)
+      : comm_(&comm), cfg_(cfg) {
     auto bad = [&](std::string const& why) { throw error(status::invalid_argument, "p2p_expert_exchange: " + why, comm.rank()); };
     if (char const* why = cfg.route.invalid()) bad(why);
     if (cfg.route.nranks != comm.size()) bad("route.nranks differs from the communicator's rank count");
     if (cfg.route.n_experts > device::moe_max_experts) bad("at most 1024 experts");
     if (char const* why = cfg.invalid_rows()) bad(why);
     if (ctas < 1 || ctas > 64) bad("ctas must be in [1, 64]");
+    if (protocol != moe_protocol::table && protocol != moe_protocol::staged) bad("unknown protocol");
+    bool const staged = protocol == moe_protocol::staged;
+    if (staged && static_cast<std::uint64_t>(cfg.route.nranks) * cfg.max_tokens * static_cast<std::uint64_t>(cfg.route.top_k) >
+                      device::moe_staged_max_slots)
+      bad("the staged protocol holds nranks x max_tokens x top_k <= " + std::to_string(device::moe_staged_max_slots) +
+          " slots: lower max_tokens, or use moe_protocol::table");
     bound_ = moe::receive_bound_of(cfg.route, cfg.max_tokens, cfg.align);
     if (bound_.grouped >= (1ull << 31)) bad("more than 2^31 grouped rows: lower max_tokens");
     int const n = cfg.route.nranks, k = cfg.route.top_k, epr = cfg.route.experts_per_rank();
@@ -94,7 +114,8 @@ class p2p_expert_exchange {
     L.max_tokens = T;
     L.row_bytes = cfg.row_bytes(sizeof(Tok));
     L.scale_words = cfg.scales_per_row();
-    L.digest = shape_digest(cfg, ctas);
+    L.protocol = protocol;
+    L.digest = shape_digest(cfg, ctas, protocol);
     // the same reservations on every rank whatever its config, so that a rank created with other
     // values fails at its first dispatch (the digest) instead of using other ranks' flags
     L.table = comm.reserve_flags(1);
@@ -108,9 +129,19 @@ class p2p_expert_exchange {
     L.landing_off = comm.reserve_bytes(T * static_cast<std::uint64_t>(k) * H * sizeof(Tok), 256);
     window_bytes_ = 8ull * L.table_words() + bound_.grouped * L.row_bytes + scale_bytes + bound_.rows * 4ull * L.record_words() +
                     T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
+    if (staged) {  // [2][n][max_tokens] of heads (per source), records, rows and scales
+      std::uint64_t const cells = 2ull * static_cast<std::uint64_t>(n) * T;
+      std::uint64_t const heads = 2ull * n * device::moe_lane::head_words * 8, recs = cells * k * 4ull, rows = cells * L.row_bytes,
+                          scs = cells * 4ull * static_cast<std::uint64_t>(L.scale_words);
+      L.staged_heads_off = comm.reserve_bytes(heads, 128);
+      L.staged_records_off = comm.reserve_bytes(recs, 256);
+      L.staged_rows_off = comm.reserve_bytes(rows, 256);
+      L.staged_scales_off = comm.reserve_bytes(scs, 256);
+      window_bytes_ += heads + recs + rows + scs;
+    }
     std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
-    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4 + 8 + 8 + sizeof(moe::drop_report);
-    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 10 * 256));
+    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4 + 8 + 8 + 8 + sizeof(moe::drop_report);
+    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 11 * 256));
     char* c = static_cast<char*>(scratch_mem_);
     auto take = [&](std::uint64_t bytes) {
       void* p = c;
@@ -127,13 +158,16 @@ class p2p_expert_exchange {
     s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
     s.dead_ranks = static_cast<std::uint64_t*>(take(8));
     s.call_dead = static_cast<std::uint64_t*>(take(8));
+    s.agreed = static_cast<std::uint64_t*>(take(8));
     s.report = static_cast<moe::drop_report*>(take(sizeof(moe::drop_report)));
-    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 10 * 256));
-    dispatch_smem_ = device::moe_dispatch_smem(L);  // at most 16 x (1024 + 128) x 4 bytes: within sm_90's 227 KiB
-    auto const dispatch_k = reinterpret_cast<void const*>(&device::moe_dispatch_kernel<Tok>);
+    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 11 * 256));
+    // table: at most 16 x (1024 + 128) x 4 bytes; staged: 16 x 1024 x 4 + 16384 x 4 -- within sm_90's 227 KiB
+    dispatch_smem_ = staged ? device::moe_staged_smem(L) : device::moe_dispatch_smem(L);
+    auto const dispatch_k = staged ? reinterpret_cast<void const*>(&device::moe_staged_dispatch_kernel<Tok>)
+                                   : reinterpret_cast<void const*>(&device::moe_dispatch_kernel<Tok>);
     auto const combine_k = reinterpret_cast<void const*>(&device::moe_combine_kernel<Tok>);
-    if (dispatch_smem_ > 48 * 1024)
-      RECCL_CUDA_CHECK(cudaFuncSetAttribute(dispatch_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dispatch_smem_)));
+    // always: the 48 KiB that need no opt-in count the kernel's static shared memory too
+    RECCL_CUDA_CHECK(cudaFuncSetAttribute(dispatch_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dispatch_smem_)));
     for (void const* k_ : {dispatch_k, combine_k, reinterpret_cast<void const*>(&detail::set_word_kernel<0>)}) load_kernel(k_);
     int const here = comm.ranks_sharing_device();
     require_co_resident(dispatch_k, ctas, device::moe_threads, dispatch_smem_, here, "p2p_expert_exchange: ctas", comm.rank());
@@ -146,6 +180,7 @@ class p2p_expert_exchange {
   }
 
   moe::receive_bound capacity() const { return bound_; }
+  moe_protocol protocol() const { return lane_.protocol; }
   /// Bytes this exchange holds: its window reservations plus its device scratch.
   std::uint64_t memory_bytes() const { return window_bytes_ + scratch_bytes_; }
 
@@ -215,7 +250,10 @@ class p2p_expert_exchange {
     dispatched_ = true;
     combined_ = false;
     generation_ = comm_->generation();
-    device::moe_dispatch_kernel<Tok><<<lane_.ctas, device::moe_threads, dispatch_smem_, stream>>>(a);
+    if (lane_.protocol == moe_protocol::staged)
+      device::moe_staged_dispatch_kernel<Tok><<<lane_.ctas, device::moe_threads, dispatch_smem_, stream>>>(a);
+    else
+      device::moe_dispatch_kernel<Tok><<<lane_.ctas, device::moe_threads, dispatch_smem_, stream>>>(a);
     RECCL_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -255,11 +293,11 @@ class p2p_expert_exchange {
     return a;
   }
   /// What every rank must create alike, folded into one word (FNV-1a).
-  static std::int64_t shape_digest(moe::exchange_config const& c, int ctas) {
+  static std::int64_t shape_digest(moe::exchange_config const& c, int ctas, moe_protocol protocol) {
     std::uint64_t h = 1469598103934665603ull;
     for (std::uint64_t x : {std::uint64_t(c.route.nranks), std::uint64_t(c.route.n_experts), std::uint64_t(c.route.top_k), c.max_tokens,
                             std::uint64_t(c.hidden), std::uint64_t(c.align), std::uint64_t(ctas), std::uint64_t(sizeof(Tok)),
-                            std::uint64_t(c.dispatch)})
+                            std::uint64_t(c.dispatch), std::uint64_t(protocol)})
       h = (h ^ x) * 1099511628211ull;
     return static_cast<std::int64_t>(h | 1u);  // never 0
   }

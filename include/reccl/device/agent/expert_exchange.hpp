@@ -29,6 +29,9 @@
 //   6. sum      wait for every rank's done; out[t] = round(fma over slots in top-k order)
 //   Row copies are spread as (row, piece) pairs over the grid's warps: a few rows are cut into
 //   pieces of at least 512 bytes so that every warp has work; many rows go one per warp.
+//   This is the table protocol (moe_protocol::table); the staged protocol
+//   (expert_exchange_staged.hpp) does dispatch in one round through per-source staging areas and
+//   leaves the same output and records, so combine is this kernel for both.
 //
 // Dead ranks: the word scratch.dead_ranks (bit r: rank r is out; host: mask_ranks) is read by each
 // dispatch when it runs and kept for the call (scratch.call_dead, which its combine uses too).
@@ -60,6 +63,17 @@ namespace reccl::device {
 inline constexpr int moe_threads = 512;  ///< threads of a dispatch or combine CTA
 inline constexpr int moe_max_experts = 1024;
 inline constexpr int moe_max_ctas = 64;  ///< flags are reserved for this many CTAs, whatever the exchange uses
+/// Slots (ranks x max_tokens x top_k) a staged exchange holds at most: its receive side ranks them
+/// all in each CTA's shared memory.
+inline constexpr std::uint64_t moe_staged_max_slots = 16384;
+
+/// How a dispatch moves rows (the output layout is the same):
+///   table   two rounds -- every rank publishes its counts, then rows go straight to their grouped
+///           place on the receiver; window memory: the grouped rows.
+///   staged  one round -- rows go at once to a per-source staging area on the receiver (by token
+///           index, two copies by call parity), which files them into the grouped rows itself;
+///           window memory: also 2 x nranks x max_tokens rows. For small batches (latency).
+enum class moe_protocol : int { table = 0, staged = 1 };
 
 /// Window offsets and flags of one expert exchange (reserved at its creation, in the same order on
 /// every rank), and its local scratch (plain device memory).
@@ -77,6 +91,11 @@ struct moe_lane {
   std::int32_t hidden = 0;
   moe::routing route{};
   std::uint64_t max_tokens = 0;
+  moe_protocol protocol = moe_protocol::table;
+  /// staged only: headers [2][n][head_words] int64 (digest, refusal, mask, tokens) pushed by each
+  /// source; records [2][n][max_tokens][k] int32 (local expert of each slot, -1: not here); rows
+  /// [2][n][max_tokens][row_bytes]; fp8 scales [2][n][max_tokens][scale_words]
+  std::uint64_t staged_heads_off = 0, staged_records_off = 0, staged_rows_off = 0, staged_scales_off = 0;
 
   /// A rank's table at table_off, int64 words, two copies of everything by call parity p: heads
   /// [2][digest, refusal, dead mask, spare] first (at the same place whatever the config, so a rank
@@ -93,11 +112,12 @@ struct moe_scratch {
   std::int32_t* drank = nullptr;     ///< [max_tokens * k] ... among my slots to its rank
   std::int32_t* rrank = nullptr;     ///< [max_tokens * n] token's rank among my tokens to rank d (-1: none)
   std::int64_t* slot_rows = nullptr; ///< [max_tokens * k] where each slot's row comes back (-1: unused)
-  std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of rows received per source (dispatch's send step)
+  std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of records per source (dispatch's plan step)
   std::int32_t* expert_counts = nullptr;   ///< [experts_per_rank]
   std::int32_t* expert_offsets = nullptr;  ///< [experts_per_rank + 1]
   std::uint64_t* dead_ranks = nullptr;     ///< the mask the next dispatch takes (bit r: rank r is out)
   std::uint64_t* call_dead = nullptr;      ///< the mask of the latest dispatch (its combine uses it)
+  std::uint64_t* agreed = nullptr;         ///< staged: nonzero once a dispatch found every rank's shape equal to mine
   moe::drop_report* report = nullptr;      ///< what the latest dispatch dropped
 };
 
@@ -181,6 +201,46 @@ RECCL_DEVICE void copy_row(void* dst, void const* src, std::uint64_t bytes, int 
     for (int u = 0; u < U; ++u) d[i + 32 * u] = v[u];
   }
   for (; i < packs; i += 32) d[i] = s[i];
+}
+
+/// One warp copies a piece of `len` bytes from src(j) to dst(j) for each slot j set in `on`
+/// (ascending; src and dst are called with the same j in every lane, and may shuffle). Up to 4
+/// slots' packs are loaded before any is stored, so that their loads overlap where a copy_row()
+/// per slot would wait for each load in turn; a batch of one slot is a copy_row(). No ordering.
+template <class Src, class Dst>
+RECCL_DEVICE void copy_each(std::uint64_t on, Src const& src, Dst const& dst, std::uint64_t len, int lane) {
+  constexpr int G = 4;
+  while (on != 0) {
+    char const* s[G];
+    char* d[G];
+    std::uintptr_t bits = static_cast<std::uintptr_t>(len);
+    int m = 0;
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      s[i] = nullptr, d[i] = nullptr;
+      if (on != 0) {
+        int const j = __ffsll(static_cast<long long>(on)) - 1;
+        on &= on - 1;
+        s[i] = src(j), d[i] = dst(j), m = i + 1;
+        bits |= reinterpret_cast<std::uintptr_t>(s[i]) | reinterpret_cast<std::uintptr_t>(d[i]);
+      }
+    }
+    if (m == 1 || (bits & 15u) != 0) {
+#pragma unroll
+      for (int i = 0; i < G; ++i)
+        if (d[i] != nullptr) copy_row(d[i], s[i], len, lane);
+      continue;
+    }
+    for (std::uint64_t c = static_cast<std::uint64_t>(lane); c < len / 16; c += 32) {
+      uint4 v[G];
+#pragma unroll
+      for (int i = 0; i < G; ++i)
+        if (d[i] != nullptr) v[i] = reinterpret_cast<uint4 const*>(s[i])[c];
+#pragma unroll
+      for (int i = 0; i < G; ++i)
+        if (d[i] != nullptr) reinterpret_cast<uint4*>(d[i])[c] = v[i];
+    }
+  }
 }
 
 /// One warp zeroes `bytes` at `dst` (16-byte packs where dst and bytes allow).
@@ -268,6 +328,19 @@ RECCL_DEVICE std::int32_t warp_inclusive_sum(std::int32_t v, int lane) {
 /// Global warp index and count of the grid.
 RECCL_DEVICE int grid_warp() { return static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32); }
 RECCL_DEVICE int grid_warps() { return static_cast<int>(gridDim.x * (blockDim.x / 32)); }
+
+/// Calls fn(item, piece, offset, bytes) for every piece of `items` rows of `row_bytes` each (cut
+/// as row_pieces does for the grid), one warp per call, spread over the grid's warps: every lane of
+/// the warp calls it with the same arguments (fn may use warp collectives).
+template <class F>
+RECCL_DEVICE void for_each_piece(std::uint64_t items, std::uint64_t row_bytes, F&& fn) {
+  std::uint64_t const warps = static_cast<std::uint64_t>(grid_warps());
+  row_pieces const cut(items, row_bytes, warps);
+  for (std::uint64_t u = static_cast<std::uint64_t>(grid_warp()); u < items * cut.per_row; u += warps) {
+    std::uint64_t const item = u / cut.per_row, piece = u % cut.per_row;
+    fn(item, piece, cut.offset(piece), cut.size(piece));
+  }
+}
 
 /// Dispatch, CTA 0: rank every slot and token (layout step of the file comment), publish this
 /// rank's row of the table and signal it to every live rank, this one included (the signal's
@@ -508,10 +581,7 @@ RECCL_DEVICE void send_rows(moe_args<Tok> const& a, std::uint64_t dead, plan con
   moe::routing const g = a.lane.route;
   int const n = g.nranks, k = g.top_k, R = a.lane.record_words(), lane = static_cast<int>(threadIdx.x % 32);
   std::uint64_t const RB = a.lane.row_bytes, SW = static_cast<std::uint64_t>(a.lane.scale_words);
-  int const warps = grid_warps();
-  row_pieces const cut(a.n_tokens, RB, static_cast<std::uint64_t>(warps));
-  for (std::uint64_t u = grid_warp(); u < a.n_tokens * cut.per_row; u += warps) {
-    std::uint64_t const t = u / cut.per_row, piece = u % cut.per_row;
+  for_each_piece(a.n_tokens, RB, [&](std::uint64_t t, std::uint64_t piece, std::uint64_t o, std::uint64_t len) {
     // the slot's expert, rank and return index loaded together, before they are needed
     std::int32_t const e = lane < k ? a.topk_idx[t * k + lane] : -1;
     std::int32_t const er = lane < k ? a.s.erank[t * k + lane] : 0;
@@ -533,11 +603,10 @@ RECCL_DEVICE void send_rows(moe_args<Tok> const& a, std::uint64_t dead, plan con
         if (SW > 0)
           copy_row(h.at<float>(d, a.lane.scales_off) + static_cast<std::uint64_t>(p0) * SW, a.x_scales + t * SW, SW * 4, lane);
       }
-      std::uint64_t const o = cut.offset(piece);
       copy_row(h.at<char>(d, a.lane.grouped_off) + static_cast<std::uint64_t>(p0) * RB + o, static_cast<char const*>(a.x) + t * RB + o,
-               cut.size(piece), lane);
+               len, lane);
     }
-  }
+  });
 }
 
 /// Dispatch, every CTA: zero this rank's padding rows (after each expert's received rows, up to
@@ -550,11 +619,8 @@ RECCL_DEVICE void zero_padding(moe_args<Tok> const& a, plan const& P) {
   char* const grouped = h.at<char>(me, a.lane.grouped_off);
   float* const scales = h.at<float>(me, a.lane.scales_off);
   std::uint64_t const pads = epr > 0 ? static_cast<std::uint64_t>(P.pad_end[epr - 1]) : 0;
-  int const warps = grid_warps();
-  row_pieces const cut(pads, RB, static_cast<std::uint64_t>(warps));
-  for (std::uint64_t u = grid_warp(); u < pads * cut.per_row; u += warps) {
-    std::int64_t const j = static_cast<std::int64_t>(u / cut.per_row);
-    std::uint64_t const piece = u % cut.per_row;
+  for_each_piece(pads, RB, [&](std::uint64_t item, std::uint64_t piece, std::uint64_t o, std::uint64_t len) {
+    std::int64_t const j = static_cast<std::int64_t>(item);
     int lo = 0, hi = epr - 1;  // expert of padding row j: the first with pad_end > j
     while (lo < hi) {
       int const mid = (lo + hi) / 2;
@@ -563,9 +629,9 @@ RECCL_DEVICE void zero_padding(moe_args<Tok> const& a, plan const& P) {
     }
     std::int64_t const before = lo == 0 ? 0 : P.pad_end[lo - 1];
     std::uint64_t const p = static_cast<std::uint64_t>(P.start[me * epr + lo] + P.count[lo] + (j - before));
-    zero_row(grouped + p * RB + cut.offset(piece), cut.size(piece), lane);
+    zero_row(grouped + p * RB + o, len, lane);
     if (SW > 0 && piece == 0) zero_row(scales + p * SW, SW * 4, lane);
-  }
+  });
 }
 
 /// Dispatch, every CTA, after every rank's sends: copy each received row to its other slots'
@@ -579,21 +645,17 @@ RECCL_DEVICE void file_rows(moe_args<Tok> const& a, plan const& P) {
   float* const scales = h.at<float>(h.rank(), a.lane.scales_off);
   std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
   std::uint64_t const rows = static_cast<std::uint64_t>(P.rows_in);
-  int const warps = grid_warps();
-  row_pieces const cut(rows, RB, static_cast<std::uint64_t>(warps));
-  for (std::uint64_t u = grid_warp(); u < rows * cut.per_row; u += warps) {
-    std::uint64_t const i = u / cut.per_row, piece = u % cut.per_row, o = cut.offset(piece), len = cut.size(piece);
+  for_each_piece(rows, RB, [&](std::uint64_t i, std::uint64_t piece, std::uint64_t o, std::uint64_t len) {
     std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
     std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
     std::uint64_t const p0 = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, __ffs(on) - 1));
     on &= on - 1;  // the first slot's row is in place already
-    while (on) {
-      std::uint64_t const p = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, __ffs(on) - 1));
-      on &= on - 1;
-      copy_row(grouped + p * RB + o, grouped + p0 * RB + o, len, lane);
-      if (SW > 0 && piece == 0) copy_row(scales + p * SW, scales + p0 * SW, SW * 4, lane);
-    }
-  }
+    auto at = [&](int j) { return static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, j)); };
+    copy_each(
+        on, [&](int) { return grouped + p0 * RB + o; }, [&](int j) { return grouped + at(j) * RB + o; }, len, lane);
+    if (SW > 0 && piece == 0)
+      for (std::uint32_t b = on; b != 0; b &= b - 1) copy_row(scales + at(__ffs(b) - 1) * SW, scales + p0 * SW, SW * 4, lane);
+  });
 }
 
 }  // namespace moe_detail
@@ -662,30 +724,24 @@ __global__ void __launch_bounds__(moe_threads) moe_combine_kernel(moe_args<Tok> 
   std::uint64_t const dead = *a.s.call_dead;  // the dispatch's
   RECCL_MOE_MARK(h, 8);
   if (cta_faulted(h)) return;
-  std::uint64_t const rows = static_cast<std::uint64_t>(a.s.rows_from[n]);
-  if (a.y == nullptr && rows > 0) {  // rows came in, so y was needed: no rank's sum runs
+  std::uint64_t const rows = static_cast<std::uint64_t>(a.s.rows_from[n]);  // records (staged: one per source token)
+  if (a.y == nullptr && a.s.expert_offsets[a.lane.route.experts_per_rank()] > 0) {  // rows came in, so y was needed: no rank's sum runs
     if (cta == 0 && tid == 0) h.raise_everywhere(fault{status::invalid_argument, h.rank(), -1, -1, fault_cause::null_buffer}, dead);
     return;
   }
-  int const warps = grid_warps();
   std::uint64_t const RB = H * sizeof(Tok);
-  row_pieces const cut(rows, RB, static_cast<std::uint64_t>(warps));
   std::int32_t const* const records = h.at<std::int32_t>(h.rank(), a.lane.records_off);
-  for (std::uint64_t u = grid_warp(); u < rows * cut.per_row; u += warps) {
-    std::uint64_t const i = u / cut.per_row, piece = u % cut.per_row, o = cut.offset(piece), len = cut.size(piece);
+  for_each_piece(rows, RB, [&](std::uint64_t i, std::uint64_t, std::uint64_t o, std::uint64_t len) {
     int s = 0;
     while (s + 1 < n && static_cast<std::uint64_t>(a.s.rows_from[s + 1]) <= i) ++s;
     std::int32_t const pos = lane < k ? records[i * R + lane] : -1;
     std::int32_t const ret = lane < k ? records[i * R + k + lane] : -1;
-    std::uint32_t on = __ballot_sync(0xffffffffu, pos >= 0);
-    while (on) {
-      int const j = __ffs(on) - 1;
-      on &= on - 1;
-      std::uint64_t const p = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, j));
-      std::uint64_t const back = static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, ret, j));
-      copy_row(h.at<char>(s, a.lane.landing_off) + back * RB + o, reinterpret_cast<char const*>(a.y) + p * RB + o, len, lane);
-    }
-  }
+    char* const landing = h.at<char>(s, a.lane.landing_off);
+    copy_each(
+        __ballot_sync(0xffffffffu, pos >= 0),
+        [&](int j) { return reinterpret_cast<char const*>(a.y) + static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, pos, j)) * RB + o; },
+        [&](int j) { return landing + static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, ret, j)) * RB + o; }, len, lane);
+  });
   __syncthreads();  // every thread's puts precede the signals
   if (tid < n && !is_dead(dead, tid)) h.signal(tid, flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)}, epoch);
   RECCL_MOE_MARK(h, 9);
