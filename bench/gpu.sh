@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu.sh -- build, test and benchmark reccl's NVLink path on a multi-GPU machine, in one go.
 #
-#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim layer ab torch all
-#                                 (default: all but proxy-ab, layer, ab and torch)
+#   bench/gpu.sh [stage ...]      stages: build test sanitize bench-ar bench-other adaptive proxy proxy-ab shim layer moe ab torch all
+#                                 (default: all but proxy-ab, layer, moe, ab and torch)
 #
 # torch: pip install --no-build-isolation . (reccl.torch), the README's quick start,
 # python/tests/test_torch.py (2 and 3 processes sharing GPU 0), examples/python/tp_mlp.py with 2
@@ -365,6 +365,36 @@ if has layer; then
   fi
 fi
 
+# ---- MoE dispatch/combine (loopback ranks on GPU 0; not part of "all") ----------------------------
+# moe: the MoE GPU tests (both protocols), moe_layer_gpu, and reccl_moe_perf in DeepEP's shape (2
+# ranks, 64 CTAs): the table protocol at 1-4096 tokens and the staged one at 1-512, CUDA graphs.
+if has moe; then
+  log "moe: build"
+  cmake -S . -B "$BUILD/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECCL_ENABLE_CUDA=ON -DRECCL_ENABLE_GPU_TESTS=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake_moe.log" 2>&1 &&
+    cmake --build "$BUILD/cmake" -j "$(nproc)" --target reccl.test.device.p2p_expert_exchange reccl.test.device.moe_processes \
+      reccl.example.moe_layer_gpu reccl_moe_perf >>"$OUT/cmake_moe.log" 2>&1 ||
+    { tail -20 "$OUT/cmake_moe.log"; SUMMARY+=("moe: build failed"); }
+  for t in p2p_expert_exchange moe_processes; do
+    b=$(find "$BUILD/cmake" -name "reccl.test.device.$t" -type f | head -1)
+    [[ -z "$b" ]] && continue
+    timeout 600 "$b" >"$OUT/test_$t.log" 2>&1
+    rc=$?; SUMMARY+=("test $t: rc=$rc  $(grep -E 'test cases:' "$OUT/test_$t.log" | tail -1)")
+    grep -E "ERROR|FAILED|differ" "$OUT/test_$t.log" | head -20
+  done
+  b=$(find "$BUILD/cmake" -name moe_layer_gpu -type f | head -1)
+  if [[ -n "$b" ]]; then
+    timeout 300 "$b" >"$OUT/moe_layer_gpu.txt" 2>&1
+    rc=$?; SUMMARY+=("moe_layer_gpu: rc=$rc")
+  fi
+  b=$(find "$BUILD/cmake" -name reccl_moe_perf -type f | head -1)
+  if [[ -n "$b" ]]; then
+    timeout 300 "$b" --ranks 2 --tokens 1,8,128,512,4096 --ctas 64 --align 16 --reps 20 --json "$OUT/moe_table.json" >"$OUT/moe_perf.txt" 2>&1
+    timeout 300 "$b" --ranks 2 --tokens 1,8,128,512 --ctas 64 --align 16 --reps 20 --staged --json "$OUT/moe_staged.json" >>"$OUT/moe_perf.txt" 2>&1
+    rc=$?; SUMMARY+=("moe perf: rc=$rc")
+  fi
+fi
+
 # ---- A/B of two builds on loopback ranks ----------------------------------------------------------
 # ab: reccl_loopback_perf built from this tree and from AB_OLD_INCLUDE (the old commit's include/:
 # git archive OLD include | tar -x -C DIR), run AB_PAIRS times each, interleaved (old, new, old, ...);
@@ -455,6 +485,7 @@ for f in "$OUT"/ab_perf_*.txt; do [[ -f "$f" ]] && { echo "-- $(basename "$f")";
 [[ -f "$OUT/shim_torch.txt" ]] && sed -n '/torch.distributed all_reduce/,$p' "$OUT/shim_torch.txt"
 [[ -f "$OUT/ab_table.txt" ]] && cat "$OUT/ab_table.txt"
 [[ -f "$OUT/fused_allreduce_rmsnorm.txt" ]] && cat "$OUT/fused_allreduce_rmsnorm.txt"
+[[ -f "$OUT/moe_perf.txt" ]] && grep -vE "^  trace" "$OUT/moe_perf.txt"
 [[ -f "$OUT/torch_tests.txt" ]] && grep -E '^(PASS|FAIL)' "$OUT/torch_tests.txt"
 [[ -f "$OUT/torch_ops.txt" ]] && cat "$OUT/torch_ops.txt"
 [[ -f "$OUT/shim/nccl_tests.md" ]] && grep -A12 '^## all_reduce' "$OUT/shim/nccl_tests.md"

@@ -331,12 +331,13 @@ RECCL_DEVICE int grid_warps() { return static_cast<int>(gridDim.x * (blockDim.x 
 
 /// Calls fn(item, piece, offset, bytes) for every piece of `items` rows of `row_bytes` each (cut
 /// as row_pieces does for the grid), one warp per call, spread over the grid's warps: every lane of
-/// the warp calls it with the same arguments (fn may use warp collectives).
+/// the warp calls it with the same arguments (fn may use warp collectives). CTA 0's warps come
+/// last: when pieces are fewer than warps, CTA 0 (which has the layout or head step besides) gets none.
 template <class F>
 RECCL_DEVICE void for_each_piece(std::uint64_t items, std::uint64_t row_bytes, F&& fn) {
-  std::uint64_t const warps = static_cast<std::uint64_t>(grid_warps());
+  std::uint64_t const warps = static_cast<std::uint64_t>(grid_warps()), per_cta = blockDim.x / 32;
   row_pieces const cut(items, row_bytes, warps);
-  for (std::uint64_t u = static_cast<std::uint64_t>(grid_warp()); u < items * cut.per_row; u += warps) {
+  for (std::uint64_t u = (static_cast<std::uint64_t>(grid_warp()) + warps - per_cta) % warps; u < items * cut.per_row; u += warps) {
     std::uint64_t const item = u / cut.per_row, piece = u % cut.per_row;
     fn(item, piece, cut.offset(piece), cut.size(piece));
   }
