@@ -121,46 +121,54 @@ class p2p_expert_exchange {
     L.table = comm.reserve_flags(1);
     L.done = comm.reserve_flags(device::moe_max_ctas);
     L.back = comm.reserve_flags(device::moe_max_ctas);
-    L.table_off = comm.reserve_bytes(8ull * static_cast<std::uint64_t>(L.table_words()), 128);
-    std::uint64_t const scale_bytes = bound_.grouped * 4ull * static_cast<std::uint64_t>(L.scale_words);
-    L.grouped_off = comm.reserve_bytes(bound_.grouped * L.row_bytes, 256);
-    L.scales_off = comm.reserve_bytes(scale_bytes, 256);
-    L.records_off = comm.reserve_bytes(bound_.rows * 4ull * static_cast<std::uint64_t>(L.record_words()), 256);
-    L.landing_off = comm.reserve_bytes(T * static_cast<std::uint64_t>(k) * H * sizeof(Tok), 256);
-    window_bytes_ = 8ull * L.table_words() + bound_.grouped * L.row_bytes + scale_bytes + bound_.rows * 4ull * L.record_words() +
-                    T * static_cast<std::uint64_t>(k) * H * sizeof(Tok);
-    if (staged) {  // [2][n][max_tokens] of heads (per source), records, rows and scales
+    // heads first, at the same place whatever the config or protocol (see moe_lane)
+    auto reserve = [&](std::uint64_t bytes, std::uint64_t align) {
+      window_bytes_ += bytes;
+      return comm.reserve_bytes(bytes, align);
+    };
+    L.heads_off = reserve(L.heads_bytes(), 128);
+    if (!staged) L.table_off = reserve(L.table_bytes(), 128);
+    L.grouped_off = reserve(bound_.grouped * L.row_bytes, 256);
+    L.scales_off = reserve(bound_.grouped * 4ull * static_cast<std::uint64_t>(L.scale_words), 256);
+    L.records_off = reserve(bound_.rows * 4ull * static_cast<std::uint64_t>(L.record_words()), 256);
+    L.landing_off = reserve(T * static_cast<std::uint64_t>(k) * H * sizeof(Tok), 256);
+    if (staged) {  // [2][n][max_tokens] of records, rows and scales
       std::uint64_t const cells = 2ull * static_cast<std::uint64_t>(n) * T;
-      std::uint64_t const heads = 2ull * n * device::moe_lane::head_words * 8, recs = cells * k * 4ull, rows = cells * L.row_bytes,
-                          scs = cells * 4ull * static_cast<std::uint64_t>(L.scale_words);
-      L.staged_heads_off = comm.reserve_bytes(heads, 128);
-      L.staged_records_off = comm.reserve_bytes(recs, 256);
-      L.staged_rows_off = comm.reserve_bytes(rows, 256);
-      L.staged_scales_off = comm.reserve_bytes(scs, 256);
-      window_bytes_ += heads + recs + rows + scs;
+      L.staged_records_off = reserve(cells * k * 4ull, 256);
+      L.staged_rows_off = reserve(cells * L.row_bytes, 256);
+      L.staged_scales_off = reserve(cells * 4ull * static_cast<std::uint64_t>(L.scale_words), 256);
     }
+    // device scratch: sized by a first pass over the same list that places it
     std::uint64_t const slots = T * static_cast<std::uint64_t>(k);
-    scratch_bytes_ = slots * (4 + 4 + 8) + T * n * 4 + (n + 1) * 8 + (2 * epr + 1) * 4 + 8 + 8 + 8 + sizeof(moe::drop_report);
-    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_ + 11 * 256));
-    char* c = static_cast<char*>(scratch_mem_);
+    char* base = nullptr;
+    std::uint64_t used = 0;
     auto take = [&](std::uint64_t bytes) {
-      void* p = c;
-      c += (bytes + 255) / 256 * 256;
+      void* p = base == nullptr ? nullptr : base + used;
+      used += (bytes + 255) / 256 * 256;
       return p;
     };
-    device::moe_scratch& s = scratch_;
-    s.erank = static_cast<std::int32_t*>(take(slots * 4));
-    s.drank = static_cast<std::int32_t*>(take(slots * 4));
-    s.slot_rows = static_cast<std::int64_t*>(take(slots * 8));
-    s.rrank = static_cast<std::int32_t*>(take(T * n * 4));
-    s.rows_from = static_cast<std::int64_t*>(take((n + 1) * 8ull));
-    s.expert_counts = static_cast<std::int32_t*>(take(epr * 4ull));
-    s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
-    s.dead_ranks = static_cast<std::uint64_t*>(take(8));
-    s.call_dead = static_cast<std::uint64_t*>(take(8));
-    s.agreed = static_cast<std::uint64_t*>(take(8));
-    s.report = static_cast<moe::drop_report*>(take(sizeof(moe::drop_report)));
-    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_ + 11 * 256));
+    auto place = [&] {
+      device::moe_scratch& s = scratch_;
+      if (!staged) {  // the table protocol's layout step
+        s.erank = static_cast<std::int32_t*>(take(slots * 4));
+        s.drank = static_cast<std::int32_t*>(take(slots * 4));
+        s.rrank = static_cast<std::int32_t*>(take(T * n * 4));
+      }
+      s.slot_rows = static_cast<std::int64_t*>(take(slots * 8));
+      s.rows_from = static_cast<std::int64_t*>(take((n + 1) * 8ull));
+      s.expert_counts = static_cast<std::int32_t*>(take(epr * 4ull));
+      s.expert_offsets = static_cast<std::int32_t*>(take((epr + 1) * 4ull));
+      s.dead_ranks = static_cast<std::uint64_t*>(take(8));
+      s.call_dead = static_cast<std::uint64_t*>(take(8));
+      s.agreed = static_cast<std::uint64_t*>(take(8));
+      s.report = static_cast<moe::drop_report*>(take(sizeof(moe::drop_report)));
+    };
+    place();
+    scratch_bytes_ = used;
+    RECCL_CUDA_CHECK(cudaMalloc(&scratch_mem_, scratch_bytes_));
+    base = static_cast<char*>(scratch_mem_), used = 0;
+    place();
+    RECCL_CUDA_CHECK(cudaMemset(scratch_mem_, 0, scratch_bytes_));
     // table: at most 16 x (1024 + 128) x 4 bytes; staged: 16 x 1024 x 4 + 16384 x 4 -- within sm_90's 227 KiB
     dispatch_smem_ = staged ? device::moe_staged_smem(L) : device::moe_dispatch_smem(L);
     auto const dispatch_k = staged ? reinterpret_cast<void const*>(&device::moe_staged_dispatch_kernel<Tok>)

@@ -5,11 +5,12 @@
 //   dispatch: one kernel on every rank (stream order), lane.ctas CTAs, all resident at once:
 //   1. layout   (CTA 0)   rank every slot among this rank's slots of the same expert and of the same
 //                         destination rank, and every token among this rank's tokens to each rank,
-//                         in (token, slot) order; publish a row of the table in my window -- a
-//                         digest of the exchange's shape (config, CTAs, token size), a refusal (an
-//                         expert index outside [-1, n_experts), or twice in a token), counts per
-//                         expert, rows and (token, slot) pairs per destination -- and signal it to
-//                         every rank, this one included
+//                         in (token, slot) order; publish my head in my window -- a digest of the
+//                         exchange's shape (config, CTAs, token size, protocol), a refusal (an
+//                         expert index outside [-1, n_experts), or twice in a token), my mask and
+//                         token count -- and my row of the table: counts per expert, rows and
+//                         (token, slot) pairs per destination; signal it to every rank, this one
+//                         included
 //   2. plan     (every CTA) wait for every rank's row; every rank then sees the same table: a shape
 //                         that differs from rank 0's, or a refusal, records the same fault (naming
 //                         the first such rank) everywhere, and nothing moves. From the table: where
@@ -78,10 +79,12 @@ enum class moe_protocol : int { table = 0, staged = 1 };
 /// Window offsets and flags of one expert exchange (reserved at its creation, in the same order on
 /// every rank), and its local scratch (plain device memory).
 struct moe_lane {
-  flag_id table{};  ///< layout CTA's row published
+  flag_id table{};  ///< heads published (table: and the layout CTA's row of counts)
   flag_id done{};   ///< done.index + cta: dispatch's puts of CTA cta finished (moe_max_ctas reserved)
   flag_id back{};   ///< back.index + cta: combine's puts of CTA cta finished (moe_max_ctas reserved)
-  std::uint64_t table_off = 0, grouped_off = 0, records_off = 0, landing_off = 0;
+  std::uint64_t heads_off = 0;   ///< heads [2][n][head_words] int64: both protocols, reserved first
+  std::uint64_t table_off = 0;   ///< table only: counts [2][counts_words()] int64
+  std::uint64_t grouped_off = 0, records_off = 0, landing_off = 0;
   std::uint64_t scales_off = 0;   ///< fp8: grouped rows' scales [grouped][scale_words]
   std::uint64_t row_bytes = 0;    ///< bytes of one dispatched row's values
   std::int32_t scale_words = 0;   ///< fp32 scales per dispatched row (0: token rows)
@@ -92,25 +95,29 @@ struct moe_lane {
   moe::routing route{};
   std::uint64_t max_tokens = 0;
   moe_protocol protocol = moe_protocol::table;
-  /// staged only: headers [2][n][head_words] int64 (digest, refusal, mask, tokens) pushed by each
-  /// source; records [2][n][max_tokens][k] int32 (local expert of each slot, -1: not here); rows
-  /// [2][n][max_tokens][row_bytes]; fp8 scales [2][n][max_tokens][scale_words]
-  std::uint64_t staged_heads_off = 0, staged_records_off = 0, staged_rows_off = 0, staged_scales_off = 0;
+  /// staged only: records [2][n][max_tokens][k] int32 (local expert of each slot, -1: not here);
+  /// rows [2][n][max_tokens][row_bytes]; fp8 scales [2][n][max_tokens][scale_words]
+  std::uint64_t staged_records_off = 0, staged_rows_off = 0, staged_scales_off = 0;
 
-  /// A rank's table at table_off, int64 words, two copies of everything by call parity p: heads
-  /// [2][digest, refusal, dead mask, spare] first (at the same place whatever the config, so a rank
-  /// created with another one is caught by its digest), then counts [2][counts_words()]: counts
-  /// per expert [E], rows per rank [n], (token, slot) pairs per rank [n].
+  /// A head is {shape digest, refusal, dead mask, tokens} (int64 words); heads_off holds one per
+  /// (call parity, source rank). Table protocol: each rank writes its own into its own window
+  /// (heads[p][me]) and readers load heads[p][s] from rank s's window; staged: each source pushes
+  /// its head into heads[p][source] of every live rank's window. The area comes first and has the
+  /// same size whatever the config or protocol, so that a rank created otherwise writes only heads
+  /// before its digest is caught.
   static constexpr int head_words = 4;
+  /// The table protocol's counts at table_off, per call parity: counts per expert [E], rows per
+  /// rank [n], (token, slot) pairs per rank [n].
   RECCL_HOST_DEVICE constexpr int counts_words() const { return route.n_experts + 2 * route.nranks; }
-  RECCL_HOST_DEVICE constexpr int table_words() const { return 2 * head_words + 2 * counts_words(); }
+  RECCL_HOST_DEVICE constexpr std::uint64_t heads_bytes() const { return 2ull * route.nranks * head_words * 8; }
+  RECCL_HOST_DEVICE constexpr std::uint64_t table_bytes() const { return 2ull * counts_words() * 8; }
   RECCL_HOST_DEVICE constexpr int record_words() const { return 2 * route.top_k; }
 };
 
 struct moe_scratch {
-  std::int32_t* erank = nullptr;     ///< [max_tokens * k] slot's rank among my slots of its expert
-  std::int32_t* drank = nullptr;     ///< [max_tokens * k] ... among my slots to its rank
-  std::int32_t* rrank = nullptr;     ///< [max_tokens * n] token's rank among my tokens to rank d (-1: none)
+  std::int32_t* erank = nullptr;     ///< table: [max_tokens * k] slot's rank among my slots of its expert
+  std::int32_t* drank = nullptr;     ///< table: [max_tokens * k] ... among my slots to its rank
+  std::int32_t* rrank = nullptr;     ///< table: [max_tokens * n] token's rank among my tokens to rank d (-1: none)
   std::int64_t* slot_rows = nullptr; ///< [max_tokens * k] where each slot's row comes back (-1: unused)
   std::int64_t* rows_from = nullptr; ///< [n + 1] prefix of records per source (dispatch's plan step)
   std::int32_t* expert_counts = nullptr;   ///< [experts_per_rank]
@@ -171,12 +178,14 @@ RECCL_DEVICE Tok from_float(float f) {
   return v;
 }
 
-/// Rank s's table head / counts of the call with epoch `epoch` (its parity picks the copy).
-RECCL_DEVICE std::int64_t* table_head(memory_handle const& h, moe_lane const& L, int s, std::uint64_t epoch) {
-  return h.at<std::int64_t>(s, L.table_off) + moe_lane::head_words * static_cast<std::int64_t>(epoch & 1u);
+/// Source src's head of the call with epoch `epoch` (its parity picks the copy) in owner's window.
+RECCL_DEVICE std::int64_t* head_at(memory_handle const& h, moe_lane const& L, int owner, int src, std::uint64_t epoch) {
+  return h.at<std::int64_t>(owner, L.heads_off) +
+         ((epoch & 1u) * static_cast<std::uint64_t>(L.route.nranks) + static_cast<std::uint64_t>(src)) * moe_lane::head_words;
 }
+/// Rank s's counts (table protocol) of the call with epoch `epoch`.
 RECCL_DEVICE std::int64_t* table_counts(memory_handle const& h, moe_lane const& L, int s, std::uint64_t epoch) {
-  return h.at<std::int64_t>(s, L.table_off) + 2 * moe_lane::head_words + static_cast<std::int64_t>(epoch & 1u) * L.counts_words();
+  return h.at<std::int64_t>(s, L.table_off) + static_cast<std::int64_t>(epoch & 1u) * L.counts_words();
 }
 RECCL_HOST_DEVICE constexpr bool is_dead(std::uint64_t dead, int r) { return ((dead >> r) & 1u) != 0; }
 
@@ -204,9 +213,11 @@ RECCL_DEVICE void copy_row(void* dst, void const* src, std::uint64_t bytes, int 
 }
 
 /// One warp copies a piece of `len` bytes from src(j) to dst(j) for each slot j set in `on`
-/// (ascending; src and dst are called with the same j in every lane, and may shuffle). Up to 4
-/// slots' packs are loaded before any is stored, so that their loads overlap where a copy_row()
-/// per slot would wait for each load in turn; a batch of one slot is a copy_row(). No ordering.
+/// (ascending; src and dst are called with the same j in every lane, and may shuffle). A piece of
+/// at most one 16-byte pack per lane: up to 4 slots' packs are loaded before any is stored, so
+/// that their loads overlap where a copy_row() per slot would wait for each load in turn. Longer
+/// pieces (copy_row keeps four packs per lane in flight already) and a batch of one slot: a
+/// copy_row() per slot. No ordering.
 template <class Src, class Dst>
 RECCL_DEVICE void copy_each(std::uint64_t on, Src const& src, Dst const& dst, std::uint64_t len, int lane) {
   constexpr int G = 4;
@@ -225,13 +236,13 @@ RECCL_DEVICE void copy_each(std::uint64_t on, Src const& src, Dst const& dst, st
         bits |= reinterpret_cast<std::uintptr_t>(s[i]) | reinterpret_cast<std::uintptr_t>(d[i]);
       }
     }
-    if (m == 1 || (bits & 15u) != 0) {
+    if (m == 1 || len > 512 || (bits & 15u) != 0) {
 #pragma unroll
       for (int i = 0; i < G; ++i)
         if (d[i] != nullptr) copy_row(d[i], s[i], len, lane);
       continue;
     }
-    for (std::uint64_t c = static_cast<std::uint64_t>(lane); c < len / 16; c += 32) {
+    if (std::uint64_t const c = static_cast<std::uint64_t>(lane); c < len / 16) {
       uint4 v[G];
 #pragma unroll
       for (int i = 0; i < G; ++i)
@@ -273,6 +284,104 @@ RECCL_DEVICE bool cta_faulted(memory_handle const& h) {
   if (threadIdx.x == 0) f = h.faulted() ? 1 : 0;
   __syncthreads();
   return f != 0;
+}
+
+/// What every CTA of a dispatch or combine knows from its start.
+struct moe_call {
+  std::uint64_t dead = 0;         ///< ranks left out of this call (bit r: rank r)
+  std::uint64_t epoch = 0;        ///< the call's epoch: one past the CTA's sequence word
+  std::uint64_t* seq = nullptr;   ///< this CTA's sequence word (set to epoch when the call succeeds)
+};
+/// The call's mask from `dead_word` (only a stream-ordered kernel writes it: every thread of every
+/// CTA reads the same value; loaded first so that its latency overlaps the rest), and its epoch
+/// from CTA c's sequence word of flags `seqs` + c -- the same on every CTA and rank, since each
+/// successful call advances every one of them and resume() sets them all alike.
+RECCL_DEVICE moe_call begin_call(memory_handle const& h, flag_id seqs, std::uint64_t const* dead_word) {
+  moe_call c;
+  c.dead = *dead_word;
+  c.seq = h.sequence(flag_id{seqs.index + blockIdx.x});
+  c.epoch = *c.seq + 1;
+  return c;
+}
+
+/// A dispatch's CTA 0, every thread: the call's refusal (any thread's `bad`), the slots and tokens
+/// dropped for masked ranks (summed over the threads) into scratch.report, and the call's mask into
+/// scratch.call_dead. Returns the refusal (0 or 1) in every thread.
+RECCL_DEVICE int note_routing(moe_scratch const& s, std::uint64_t dead, bool bad, unsigned long long lost_slots,
+                              unsigned long long lost_tokens) {
+  __shared__ unsigned long long dropped[2];  // slots, tokens
+  if (threadIdx.x == 0) dropped[0] = dropped[1] = 0;
+  int const refused = __syncthreads_or(bad ? 1 : 0);
+  if (lost_slots != 0) atomicAdd(&dropped[0], lost_slots);
+  if (lost_tokens != 0) atomicAdd(&dropped[1], lost_tokens);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s.report->slots = static_cast<std::int64_t>(dropped[0]), s.report->tokens = static_cast<std::int64_t>(dropped[1]);
+    *s.call_dead = dead;
+  }
+  return refused;
+}
+
+/// Column c of per-warp counts (hist[w * width + c], warps w < used) becomes per-warp bases (the
+/// counts of the warps before); returns the column's total.
+RECCL_DEVICE std::int32_t counts_to_bases(std::int32_t* hist, int width, int used, int c) {
+  std::int32_t run = 0;
+  for (int w = 0; w < used; ++w) {
+    std::int32_t const v = hist[w * width + c];
+    hist[w * width + c] = run;
+    run += v;
+  }
+  return run;
+}
+
+/// Every CTA: waits for flag `table` from every live rank (each rank signals it after its head).
+/// False in every thread on a timeout or an earlier fault (recorded).
+RECCL_DEVICE bool wait_heads(memory_handle const& h, moe_lane const& L, std::uint64_t dead, std::uint64_t epoch) {
+  int const tid = static_cast<int>(threadIdx.x);
+  deadline_clock clock(h.timeout_ns);
+  bool ok = true;
+  if (tid < L.route.nranks && !is_dead(dead, tid)) ok = h.wait(L.table, tid, epoch, clock);
+  return __syncthreads_and(ok ? 1 : 0) != 0;
+}
+
+/// Every CTA, once every live rank's head of this call is visible: loads them into heads[s] (one
+/// thread per source, in one round trip; source s's from owner(s)'s window) and checks them -- a
+/// shape or mask that differs from the first live rank's, a token count above max_tokens, or a
+/// refusal fails the call the same way on every rank, naming the rank (CTA 0 records it); a rank
+/// masked by itself refuses. True in every thread when the call goes on.
+template <class Owner>
+RECCL_DEVICE bool check_heads(memory_handle const& h, moe_lane const& L, std::uint64_t dead, std::uint64_t epoch, Owner owner,
+                              std::int64_t (*heads)[moe_lane::head_words]) {
+  int const n = L.route.nranks, me = h.rank(), tid = static_cast<int>(threadIdx.x);
+  __shared__ int refused;
+  if (tid < n && !is_dead(dead, tid)) {
+    auto const* const w = reinterpret_cast<std::uint64_t const*>(head_at(h, L, owner(tid), tid, epoch));
+    std::uint64_t v[moe_lane::head_words];
+#pragma unroll
+    for (int i = 0; i < moe_lane::head_words; ++i) v[i] = load_relaxed_sys(w + i);
+#pragma unroll
+    for (int i = 0; i < moe_lane::head_words; ++i) heads[tid][i] = static_cast<std::int64_t>(v[i]);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    fault f{};
+    if (is_dead(dead, me)) {
+      f = fault{status::invalid_argument, me, -1, -1, fault_cause::bad_argument};
+    } else {
+      int first = 0;  // the first live rank (this one at the latest): its shape and mask are the reference
+      while (is_dead(dead, first)) ++first;
+      for (int s = 0; s < n && f.ok(); ++s)
+        if (!is_dead(dead, s) && (heads[s][0] != heads[first][0] || heads[s][2] != heads[first][2] || heads[s][3] < 0 ||
+                                  static_cast<std::uint64_t>(heads[s][3]) > L.max_tokens))
+          f = fault{status::invalid_argument, s, first, -1, fault_cause::peer_mismatch};
+      for (int s = 0; s < n && f.ok(); ++s)
+        if (!is_dead(dead, s) && heads[s][1] != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
+    }
+    if (!f.ok() && blockIdx.x == 0) h.record_fault(f);
+    refused = f.ok() ? 0 : 1;
+  }
+  __syncthreads();
+  return refused == 0;
 }
 
 }  // namespace moe_detail
@@ -363,8 +472,6 @@ RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::u
   if (warp < used)
     for (int i = lane; i < W; i += 32) mine[i] = 0;
   __syncwarp();  // rank_in_round reads counts other lanes zeroed
-  __shared__ unsigned long long dropped[2];  // slots, tokens (added to after the next barrier)
-  if (tid == 0) dropped[0] = dropped[1] = 0;
   bool bad = tid == 0 && is_dead(dead, me);  // masked by itself: refused, naming this rank
   unsigned long long lost_slots = 0, lost_tokens = 0;
   // slots of this warp's tokens, in (token, slot) order: rank by expert and by destination rank.
@@ -399,29 +506,22 @@ RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::u
       if (t < t1) a.s.rrank[t * n + d] = r;
     }
   }
-  int const refused = __syncthreads_or(bad ? 1 : 0);
-  if (lost_slots != 0) atomicAdd(&dropped[0], lost_slots);
-  if (lost_tokens != 0) atomicAdd(&dropped[1], lost_tokens);
+  int const refused = note_routing(a.s, dead, bad, lost_slots, lost_tokens);
   // per-warp counts -> per-warp bases; the totals are this rank's row of the table
-  std::int64_t* const head = table_head(h, a.lane, me, epoch);
   std::int64_t* const row = table_counts(h, a.lane, me, epoch);
   __shared__ std::int64_t pair_base[max_memory_ranks];  // (token, slot) pairs to rank d, then their prefix
   for (int c = tid; c < W; c += static_cast<int>(blockDim.x)) {
-    std::int32_t run = 0;
-    for (int w = 0; w < used; ++w) {
-      std::int32_t const v = hist[w * W + c];
-      hist[w * W + c] = run;
-      run += v;
-    }
-    row[c] = run;
-    if (c >= E + n) pair_base[c - E - n] = run;
+    std::int32_t const total = counts_to_bases(hist, W, used, c);
+    row[c] = total;
+    if (c >= E + n) pair_base[c - E - n] = total;
   }
-  if (tid == 0) head[0] = a.lane.digest, head[1] = refused, head[2] = static_cast<std::int64_t>(dead);
+  if (tid == 0) {
+    std::int64_t* const head = head_at(h, a.lane, me, me, epoch);
+    head[0] = a.lane.digest, head[1] = refused, head[2] = static_cast<std::int64_t>(dead), head[3] = static_cast<std::int64_t>(T);
+  }
   __syncthreads();
   // final ranks, and where each slot's row comes back in combine (after the pairs of lower ranks)
   if (tid == 0) {
-    a.s.report->slots = static_cast<std::int64_t>(dropped[0]), a.s.report->tokens = static_cast<std::int64_t>(dropped[1]);
-    *a.s.call_dead = dead;
     std::int64_t at = 0;
     for (int d = 0; d < n; ++d) {
       std::int64_t const pairs = pair_base[d];
@@ -467,46 +567,6 @@ RECCL_DEVICE void layout_step(moe_args<Tok> const& a, std::uint64_t dead, std::u
   }
   __syncthreads();  // the row and the scratch precede the signals
   if (tid < n && !is_dead(dead, tid)) h.signal(tid, a.lane.table, epoch);
-}
-
-/// Dispatch, every CTA: wait for every live rank's row of this call (this rank's too) and check
-/// the heads -- a shape or mask that differs from the first live rank's, or a refusal, fails the
-/// call the same way on every rank (CTA 0 records it). True in every thread when the call goes on.
-template <class Tok>
-RECCL_DEVICE bool await_table(moe_args<Tok> const& a, std::uint64_t dead, std::uint64_t epoch) {
-  memory_handle const& h = a.h;
-  int const n = a.lane.route.nranks, me = h.rank(), tid = static_cast<int>(threadIdx.x);
-  deadline_clock clock(h.timeout_ns);
-  bool ok = true;
-  if (tid < n && !is_dead(dead, tid)) ok = h.wait(a.lane.table, tid, epoch, clock);
-  if (__syncthreads_and(ok ? 1 : 0) == 0) return false;
-  // every live rank's head in one round trip (thread s loads rank s's), then one thread compares
-  __shared__ std::int64_t heads[max_memory_ranks][3];  // digest, refusal, mask
-  __shared__ int refused;
-  if (tid < n && !is_dead(dead, tid)) {
-    auto const* const w = reinterpret_cast<std::uint64_t const*>(table_head(h, a.lane, tid, epoch));
-    std::uint64_t const shape = load_relaxed_sys(w), refusal = load_relaxed_sys(w + 1), mask = load_relaxed_sys(w + 2);
-    heads[tid][0] = static_cast<std::int64_t>(shape), heads[tid][1] = static_cast<std::int64_t>(refusal);
-    heads[tid][2] = static_cast<std::int64_t>(mask);
-  }
-  __syncthreads();
-  if (tid == 0) {
-    fault f{};
-    if (is_dead(dead, me)) f = fault{status::invalid_argument, me, -1, -1, fault_cause::bad_argument};  // masked by itself
-    int first = 0;  // the first live rank's shape and mask are the reference (mine, if no other)
-    while (first < me && is_dead(dead, first)) ++first;
-    std::int64_t const shape0 = first == me ? a.lane.digest : heads[first][0];
-    std::int64_t const dead0 = first == me ? static_cast<std::int64_t>(dead) : heads[first][2];
-    for (int s = 0; s < n && f.ok(); ++s)
-      if (!is_dead(dead, s) && (heads[s][0] != shape0 || heads[s][2] != dead0))
-        f = fault{status::invalid_argument, s, first, -1, fault_cause::peer_mismatch};
-    for (int s = 0; s < n && f.ok(); ++s)
-      if (!is_dead(dead, s) && heads[s][1] != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
-    if (!f.ok() && blockIdx.x == 0) h.record_fault(f);
-    refused = f.ok() ? 0 : 1;
-  }
-  __syncthreads();
-  return refused == 0;
 }
 
 /// Dispatch, every CTA: the plan from the table (a masked rank sends nothing). CTA 0 also writes
@@ -680,18 +740,15 @@ __global__ void __launch_bounds__(moe_threads) moe_dispatch_kernel(moe_args<Tok>
   memory_handle const& h = a.h;
   int const n = a.lane.route.nranks, tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x);
   RECCL_MOE_MARK(h, 0);
-  // read by every thread, issued first so that its latency overlaps the rest of the prologue (only
-  // a stream-ordered mask_ranks() writes it: every thread of every CTA reads the same value)
-  std::uint64_t const dead = *a.s.dead_ranks;
-  // the call's epoch: CTA c's sequence word of `done`, the same on every CTA and rank (each
-  // successful call advances every one of them; resume() sets them all alike)
-  std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
-  std::uint64_t const epoch = *seq + 1;
+  moe_call const call = begin_call(h, a.lane.done, a.s.dead_ranks);
+  std::uint64_t const dead = call.dead, epoch = call.epoch;
   extern __shared__ std::int32_t hist[];
+  __shared__ std::int64_t heads[max_memory_ranks][moe_lane::head_words];
   if (cta_faulted(h)) return;
   if (cta == 0) layout_step(a, dead, epoch, hist);
   RECCL_MOE_MARK(h, 1);
-  if (!await_table(a, dead, epoch)) return;
+  // every live rank's row of this call (this rank's too), then the heads: each rank's own
+  if (!wait_heads(h, a.lane, dead, epoch) || !check_heads(h, a.lane, dead, epoch, [](int s) { return s; }, heads)) return;
   RECCL_MOE_MARK(h, 2);
   __shared__ plan P;
   make_plan(a, dead, epoch, P);
@@ -705,7 +762,7 @@ __global__ void __launch_bounds__(moe_threads) moe_dispatch_kernel(moe_args<Tok>
   if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch, dead)) return;
   RECCL_MOE_MARK(h, 6);
   file_rows(a, P);
-  if (tid == 0) *seq = epoch;
+  if (tid == 0) *call.seq = epoch;
   RECCL_MOE_MARK(h, 7);
 }
 
@@ -720,10 +777,9 @@ __global__ void __launch_bounds__(moe_threads) moe_combine_kernel(moe_args<Tok> 
   int const n = a.lane.route.nranks, k = a.lane.route.top_k, R = a.lane.record_words();
   int const tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x), lane = tid % 32;
   std::uint64_t const H = static_cast<std::uint64_t>(a.lane.hidden);
-  std::uint64_t* const seq = h.sequence(flag_id{a.lane.back.index + static_cast<std::uint32_t>(cta)});
-  std::uint64_t const epoch = *seq + 1;
-  std::uint64_t const dead = *a.s.call_dead;  // the dispatch's
   RECCL_MOE_MARK(h, 8);
+  moe_call const call = begin_call(h, a.lane.back, a.s.call_dead);  // the dispatch's mask
+  std::uint64_t const dead = call.dead, epoch = call.epoch;
   if (cta_faulted(h)) return;
   std::uint64_t const rows = static_cast<std::uint64_t>(a.s.rows_from[n]);  // records (staged: one per source token)
   if (a.y == nullptr && a.s.expert_offsets[a.lane.route.experts_per_rank()] > 0) {  // rows came in, so y was needed: no rank's sum runs
@@ -786,7 +842,7 @@ __global__ void __launch_bounds__(moe_threads) moe_combine_kernel(moe_args<Tok> 
       a.out[i] = from_float<Tok>(acc);
     }
   }
-  if (tid == 0) *seq = epoch;
+  if (tid == 0) *call.seq = epoch;
   RECCL_MOE_MARK(h, 11);
 }
 

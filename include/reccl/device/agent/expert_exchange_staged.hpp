@@ -49,86 +49,52 @@ namespace moe_detail {
 RECCL_DEVICE std::uint64_t staged_index(moe_lane const& L, int src, std::uint64_t t, std::uint64_t epoch) {
   return ((epoch & 1u) * static_cast<std::uint64_t>(L.route.nranks) + static_cast<std::uint64_t>(src)) * L.max_tokens + t;
 }
-RECCL_DEVICE std::int64_t* staged_head(memory_handle const& h, moe_lane const& L, int owner, int src, std::uint64_t epoch) {
-  return h.at<std::int64_t>(owner, L.staged_heads_off) +
-         ((epoch & 1u) * static_cast<std::uint64_t>(L.route.nranks) + static_cast<std::uint64_t>(src)) * moe_lane::head_words;
-}
-
 /// Staged step 1 (CTA 0): refusal and drop counts of my routing; my head pushed to every live
 /// rank, each followed by `table` (release: the head is visible to whoever acquires the flag).
 template <class Tok>
 RECCL_DEVICE void staged_publish(moe_args<Tok> const& a, std::uint64_t dead, std::uint64_t epoch) {
   memory_handle const& h = a.h;
   moe::routing const g = a.lane.route;
-  int const n = g.nranks, k = g.top_k, me = h.rank(), tid = static_cast<int>(threadIdx.x);
+  int const n = g.nranks, k = g.top_k, E = g.n_experts, me = h.rank(), tid = static_cast<int>(threadIdx.x);
   int const warp = tid / 32, lane = tid % 32, warps = static_cast<int>(blockDim.x / 32);
   bool bad = tid == 0 && is_dead(dead, me);  // masked by itself: refused, naming this rank
   unsigned long long lost_slots = 0, lost_tokens = 0;
-  // a warp per token, lane j < k on slot j: one load round per token (what moe::ranks_of_token
-  // checks, with warp votes)
-  for (std::uint64_t t = warp; t < a.n_tokens; t += warps) {
-    std::int32_t const e = lane < k ? a.topk_idx[t * k + lane] : -1;
-    bool const used = e >= 0 && e < g.n_experts;
-    std::uint32_t const same = __match_any_sync(0xffffffffu, used ? e : -1 - lane);  // a used expert named twice
-    if ((e < -1 || e >= g.n_experts) || (used && __popc(same) > 1)) bad = true;
-    std::uint32_t const lost = __ballot_sync(0xffffffffu, used && is_dead(dead, g.rank_of(e)));
-    if (lane == 0 && lost != 0) lost_slots += static_cast<unsigned>(__popc(lost)), ++lost_tokens;
+  // a round of a warp: 32 / k whole tokens, lane i on slot i % k of the round's token i / k (what
+  // moe::ranks_of_token checks, with warp votes); B rounds' routing loaded at once so that their
+  // loads overlap
+  constexpr int B = 4;
+  int const per = 32 / k, tl = lane / k, j = lane % k;  // top_k <= 32
+  bool const on = tl < per;
+  std::uint32_t const slots_of_token = k == 32 ? 0xffffffffu : (1u << k) - 1u;
+  std::uint64_t const T = a.n_tokens, step = static_cast<std::uint64_t>(per) * B;
+  for (std::uint64_t t0 = static_cast<std::uint64_t>(warp) * step; t0 < T; t0 += static_cast<std::uint64_t>(warps) * step) {
+    std::int32_t idx[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      std::uint64_t const t = t0 + static_cast<std::uint64_t>(b * per + tl);
+      idx[b] = on && t < T ? a.topk_idx[t * k + j] : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (t0 + static_cast<std::uint64_t>(b * per) >= T) break;  // the same in every lane
+      bool const mine = on && t0 + static_cast<std::uint64_t>(b * per + tl) < T;
+      std::int32_t const e = idx[b];
+      bool const used = e >= 0 && e < E;
+      // a used expert named twice in one token (experts < 1024: the round's token in the bits above)
+      std::uint32_t const same = __match_any_sync(0xffffffffu, used ? (tl << 10 | e) : -1 - lane);
+      if (mine && ((e < -1 || e >= E) || (used && __popc(same) > 1))) bad = true;
+      std::uint32_t const lost = __ballot_sync(0xffffffffu, mine && used && is_dead(dead, g.rank_of(e)));
+      if (mine && j == 0)
+        if (std::uint32_t const slots = (lost >> (tl * k)) & slots_of_token; slots != 0) lost_slots += static_cast<unsigned>(__popc(slots)), ++lost_tokens;
+    }
   }
-  __shared__ unsigned long long dropped[2];  // slots, tokens
-  if (tid == 0) dropped[0] = dropped[1] = 0;
-  int const refused = __syncthreads_or(bad ? 1 : 0);
-  if (lost_slots != 0) atomicAdd(&dropped[0], lost_slots);
-  if (lost_tokens != 0) atomicAdd(&dropped[1], lost_tokens);
-  __syncthreads();
-  if (tid == 0) {
-    a.s.report->slots = static_cast<std::int64_t>(dropped[0]), a.s.report->tokens = static_cast<std::int64_t>(dropped[1]);
-    *a.s.call_dead = dead;
-  }
+  int const refused = note_routing(a.s, dead, bad, lost_slots, lost_tokens);
   if (tid < n && !is_dead(dead, tid)) {
-    std::int64_t* const head = staged_head(h, a.lane, tid, me, epoch);
+    std::int64_t* const head = head_at(h, a.lane, tid, me, epoch);
     head[0] = a.lane.digest, head[1] = refused, head[2] = static_cast<std::int64_t>(dead);
-    head[3] = static_cast<std::int64_t>(a.n_tokens);
+    head[3] = static_cast<std::int64_t>(T);
     h.signal(tid, a.lane.table, epoch);
   }
-}
-
-/// Staged steps 2 and 4 (every CTA, after a flag that covers every live rank's head): the heads
-/// in my window, loaded into `heads` (one thread per source, in one round trip), against the
-/// first live rank's (the same checks as the table protocol's). True in every thread when the call
-/// goes on; otherwise CTA 0 recorded the fault.
-template <class Tok>
-RECCL_DEVICE bool staged_check(moe_args<Tok> const& a, std::uint64_t dead, std::uint64_t epoch,
-                               std::int64_t (*heads)[moe_lane::head_words]) {
-  memory_handle const& h = a.h;
-  int const n = a.lane.route.nranks, me = h.rank(), tid = static_cast<int>(threadIdx.x);
-  __shared__ int refused;
-  if (tid < n && !is_dead(dead, tid)) {
-    auto const* const w = reinterpret_cast<std::uint64_t const*>(staged_head(h, a.lane, me, tid, epoch));
-    std::uint64_t v[moe_lane::head_words];
-#pragma unroll
-    for (int i = 0; i < moe_lane::head_words; ++i) v[i] = load_relaxed_sys(w + i);
-#pragma unroll
-    for (int i = 0; i < moe_lane::head_words; ++i) heads[tid][i] = static_cast<std::int64_t>(v[i]);
-  }
-  __syncthreads();
-  if (tid == 0) {
-    auto head = [&](int s, int w) { return heads[s][w]; };
-    fault f{};
-    if (is_dead(dead, me)) f = fault{status::invalid_argument, me, -1, -1, fault_cause::bad_argument};
-    int first = 0;
-    while (first < n && is_dead(dead, first)) ++first;
-    std::int64_t const shape0 = first < n ? head(first, 0) : 0, dead0 = first < n ? head(first, 2) : 0;
-    for (int s = 0; s < n && f.ok(); ++s)
-      if (!is_dead(dead, s) && (head(s, 0) != shape0 || head(s, 2) != dead0 || head(s, 3) < 0 ||
-                                static_cast<std::uint64_t>(head(s, 3)) > a.lane.max_tokens))
-        f = fault{status::invalid_argument, s, first, -1, fault_cause::peer_mismatch};
-    for (int s = 0; s < n && f.ok(); ++s)
-      if (!is_dead(dead, s) && head(s, 1) != 0) f = fault{status::invalid_argument, s, -1, -1, fault_cause::bad_argument};
-    if (!f.ok() && blockIdx.x == 0) h.record_fault(f);
-    refused = f.ok() ? 0 : 1;
-  }
-  __syncthreads();
-  return refused == 0;
 }
 
 /// Staged step 3 (every CTA): (token, piece) pairs over the grid's warps; lane j < k holds slot j.
@@ -169,7 +135,7 @@ RECCL_DEVICE int source_of(std::int32_t const* base, int n, std::uint64_t item) 
   return s;
 }
 
-/// Staged step 5 (every CTA, after staged_check filled `heads`): base[s] = first record of source s
+/// Staged step 5 (every CTA, after check_heads filled `heads`): base[s] = first record of source s
 /// (prefix of the heads' token counts), and slot_pos[(item) * k + j] = the grouped position of received slot j of record item
 /// (-1: not here); P's start (this rank's experts), count and pad_end as the table protocol's plan.
 template <class Tok>
@@ -225,15 +191,7 @@ RECCL_DEVICE void staged_plan(moe_args<Tok> const& a, std::uint64_t dead, std::u
   }
   __syncthreads();
   // per-warp counts -> per-warp bases; totals are the counts per local expert
-  for (int l = tid; l < epr; l += static_cast<int>(blockDim.x)) {
-    std::int32_t run = 0;
-    for (int w = 0; w < used; ++w) {
-      std::int32_t const v = hist[w * epr + l];
-      hist[w * epr + l] = run;
-      run += v;
-    }
-    P.count[l] = run;
-  }
+  for (int l = tid; l < epr; l += static_cast<int>(blockDim.x)) P.count[l] = counts_to_bases(hist, epr, used, l);
   __syncthreads();
   {  // aligned starts (exclusive prefix of the aligned counts) and padding (inclusive prefix), in
      // one block scan of (size << 32 | padding): both sums stay below 2^31
@@ -309,22 +267,16 @@ __global__ void __launch_bounds__(moe_threads) moe_staged_dispatch_kernel(moe_ar
   memory_handle const& h = a.h;
   int const n = a.lane.route.nranks, tid = static_cast<int>(threadIdx.x), cta = static_cast<int>(blockIdx.x);
   RECCL_MOE_MARK(h, 0);
-  std::uint64_t const dead = *a.s.dead_ranks;  // as the table protocol's kernel
-  bool const agreed = *a.s.agreed != 0;        // written only by an earlier dispatch's CTA 0
-  std::uint64_t* const seq = h.sequence(flag_id{a.lane.done.index + static_cast<std::uint32_t>(cta)});
-  std::uint64_t const epoch = *seq + 1;
+  moe_call const call = begin_call(h, a.lane.done, a.s.dead_ranks);
+  std::uint64_t const dead = call.dead, epoch = call.epoch;
+  bool const agreed = *a.s.agreed != 0;  // written only by an earlier dispatch's CTA 0
   extern __shared__ std::int32_t smem[];
   __shared__ std::int64_t heads[max_memory_ranks][moe_lane::head_words];
+  auto const pushed_here = [me = h.rank()](int) { return me; };  // every source's head is in my window
   if (cta_faulted(h)) return;
   if (cta == 0) staged_publish(a, dead, epoch);
   RECCL_MOE_MARK(h, 1);
-  if (!agreed) {
-    deadline_clock clock(h.timeout_ns);
-    bool ok = true;
-    if (tid < n && !is_dead(dead, tid)) ok = h.wait(a.lane.table, tid, epoch, clock);
-    if (__syncthreads_and(ok ? 1 : 0) == 0) return;
-    if (!staged_check(a, dead, epoch, heads)) return;
-  }
+  if (!agreed && (!wait_heads(h, a.lane, dead, epoch) || !check_heads(h, a.lane, dead, epoch, pushed_here, heads))) return;
   RECCL_MOE_MARK(h, 2);
   staged_send(a, dead, epoch);
   __syncthreads();  // every thread's puts precede the signals
@@ -332,7 +284,7 @@ __global__ void __launch_bounds__(moe_threads) moe_staged_dispatch_kernel(moe_ar
   RECCL_MOE_MARK(h, 4);
   if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch, dead)) return;
   RECCL_MOE_MARK(h, 6);
-  if (!staged_check(a, dead, epoch, heads)) return;
+  if (!check_heads(h, a.lane, dead, epoch, pushed_here, heads)) return;
   __shared__ plan P;
   __shared__ std::int32_t base[max_memory_ranks + 1];
   staged_plan(a, dead, epoch, heads, P, base, smem);
@@ -340,7 +292,7 @@ __global__ void __launch_bounds__(moe_threads) moe_staged_dispatch_kernel(moe_ar
   staged_file(a, epoch, base, smem + (moe_threads / 32) * a.lane.route.experts_per_rank());
   zero_padding(a, P);
   RECCL_MOE_MARK(h, 5);
-  if (tid == 0) *seq = epoch;
+  if (tid == 0) *call.seq = epoch;
   if (cta == 0 && tid == 0) *a.s.agreed = 1;
   RECCL_MOE_MARK(h, 7);
 }
