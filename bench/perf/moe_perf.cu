@@ -259,6 +259,9 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 12; ++i) {
           int const q = staged ? staged_order[i] : table_order[i];
           std::printf(" %s %.1f", (staged ? staged_names : table_names)[q], (double(tr[r][q]) - double(tr[0][0])) / 1e3);
+          if (staged && q == 0) std::printf(" routed %.1f", (double(tr[r][15]) - double(tr[0][0])) / 1e3);
+          if (staged && q == 6)  // the plan's parts, between waited and planned
+            for (int p : {12, 13, 14}) std::printf(" %s %.1f", p == 12 ? "checked" : p == 13 ? "ranked" : "scanned", (double(tr[r][p]) - double(tr[0][0])) / 1e3);
         }
         std::printf("\n");
       }

@@ -213,11 +213,9 @@ RECCL_DEVICE void copy_row(void* dst, void const* src, std::uint64_t bytes, int 
 }
 
 /// One warp copies a piece of `len` bytes from src(j) to dst(j) for each slot j set in `on`
-/// (ascending; src and dst are called with the same j in every lane, and may shuffle). A piece of
-/// at most one 16-byte pack per lane: up to 4 slots' packs are loaded before any is stored, so
-/// that their loads overlap where a copy_row() per slot would wait for each load in turn. Longer
-/// pieces (copy_row keeps four packs per lane in flight already) and a batch of one slot: a
-/// copy_row() per slot. No ordering.
+/// (ascending; src and dst are called with the same j in every lane, and may shuffle). Up to 4
+/// slots' packs are loaded before any is stored, so that their loads overlap where a copy_row()
+/// per slot would wait for each load in turn; a batch of one slot is a copy_row(). No ordering.
 template <class Src, class Dst>
 RECCL_DEVICE void copy_each(std::uint64_t on, Src const& src, Dst const& dst, std::uint64_t len, int lane) {
   constexpr int G = 4;
@@ -236,13 +234,13 @@ RECCL_DEVICE void copy_each(std::uint64_t on, Src const& src, Dst const& dst, st
         bits |= reinterpret_cast<std::uintptr_t>(s[i]) | reinterpret_cast<std::uintptr_t>(d[i]);
       }
     }
-    if (m == 1 || len > 512 || (bits & 15u) != 0) {
+    if (m == 1 || (bits & 15u) != 0) {
 #pragma unroll
       for (int i = 0; i < G; ++i)
         if (d[i] != nullptr) copy_row(d[i], s[i], len, lane);
       continue;
     }
-    if (std::uint64_t const c = static_cast<std::uint64_t>(lane); c < len / 16) {
+    for (std::uint64_t c = static_cast<std::uint64_t>(lane); c < len / 16; c += 32) {
       uint4 v[G];
 #pragma unroll
       for (int i = 0; i < G; ++i)
@@ -266,7 +264,8 @@ RECCL_DEVICE void zero_row(void* dst, std::uint64_t bytes, int lane) {
 #ifdef RECCL_MOE_TRACE
 /// Benchmark builds only: globaltimer stamps of CTA 0's thread 0, per rank (reccl_moe_perf reads
 /// them). Points: dispatch 0-7 (start, layout end, table checked, plan, sent, padded, waited, end),
-/// combine 8-11 (start, returned, waited, end).
+/// combine 8-11 (start, returned, waited, end); staged dispatch also 12-15 (heads checked after
+/// the wait, slots ranked, starts scanned; routing read, before the publish step's barriers).
 __device__ unsigned long long moe_trace[max_memory_ranks][16];
 #define RECCL_MOE_MARK(h, point) \
   do { \

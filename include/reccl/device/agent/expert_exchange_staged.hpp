@@ -88,6 +88,7 @@ RECCL_DEVICE void staged_publish(moe_args<Tok> const& a, std::uint64_t dead, std
         if (std::uint32_t const slots = (lost >> (tl * k)) & slots_of_token; slots != 0) lost_slots += static_cast<unsigned>(__popc(slots)), ++lost_tokens;
     }
   }
+  RECCL_MOE_MARK(h, 15);
   int const refused = note_routing(a.s, dead, bad, lost_slots, lost_tokens);
   if (tid < n && !is_dead(dead, tid)) {
     std::int64_t* const head = head_at(h, a.lane, tid, me, epoch);
@@ -190,6 +191,7 @@ RECCL_DEVICE void staged_plan(moe_args<Tok> const& a, std::uint64_t dead, std::u
     }
   }
   __syncthreads();
+  RECCL_MOE_MARK(h, 13);
   // per-warp counts -> per-warp bases; totals are the counts per local expert
   for (int l = tid; l < epr; l += static_cast<int>(blockDim.x)) P.count[l] = counts_to_bases(hist, epr, used, l);
   __syncthreads();
@@ -219,6 +221,7 @@ RECCL_DEVICE void staged_plan(moe_args<Tok> const& a, std::uint64_t dead, std::u
   }
   if (cta == 0 && tid >= 32 && tid <= 32 + n) a.s.rows_from[tid - 32] = base[tid - 32];
   __syncthreads();
+  RECCL_MOE_MARK(h, 14);
   for (std::uint64_t q = tid; q < N; q += blockDim.x) {
     std::int32_t const v = slot_pos[q];
     if (v < 0) continue;
@@ -285,6 +288,7 @@ __global__ void __launch_bounds__(moe_threads) moe_staged_dispatch_kernel(moe_ar
   if (!moe_wait_all(h, a.lane.done, a.lane.ctas, epoch, dead)) return;
   RECCL_MOE_MARK(h, 6);
   if (!check_heads(h, a.lane, dead, epoch, pushed_here, heads)) return;
+  RECCL_MOE_MARK(h, 12);
   __shared__ plan P;
   __shared__ std::int32_t base[max_memory_ranks + 1];
   staged_plan(a, dead, epoch, heads, P, base, smem);
