@@ -116,8 +116,9 @@ class p2p_expert_exchange {
     L.scale_words = cfg.scales_per_row();
     L.protocol = protocol;
     L.digest = shape_digest(cfg, ctas, protocol);
-    // the same reservations on every rank whatever its config, so that a rank created with other
-    // values fails at its first dispatch (the digest) instead of using other ranks' flags
+    // the same flags on every rank whatever its config (and the heads area first, below), so that a
+    // rank created with other values fails at its first dispatch (the digest) instead of using
+    // other ranks' flags; the window areas after the heads depend on the config and protocol
     L.table = comm.reserve_flags(1);
     L.done = comm.reserve_flags(device::moe_max_ctas);
     L.back = comm.reserve_flags(device::moe_max_ctas);

@@ -12,8 +12,9 @@
 //                         (token, slot) pairs per destination; signal it to every rank, this one
 //                         included
 //   2. plan     (every CTA) wait for every rank's row; every rank then sees the same table: a shape
-//                         that differs from rank 0's, or a refusal, records the same fault (naming
-//                         the first such rank) everywhere, and nothing moves. From the table: where
+//                         or mask that differs from the first live rank's, a token count above
+//                         max_tokens, or a refusal records the same fault (naming the first such
+//                         rank) everywhere, and nothing moves (check_heads). From the table: where
 //                         each expert's rows start on its rank (aligned), and how many rows of each
 //                         expert lower ranks send
 //   3. send     (every CTA) each token row crosses once to each rank it visits, into the grouped
@@ -38,7 +39,7 @@
 // dispatch when it runs and kept for the call (scratch.call_dead, which its combine uses too).
 // A masked rank is never waited for, signalled or written to; its counts read as zero; slots whose
 // expert it holds are dropped (counted in scratch.report, and skipped by the sum as an unused slot).
-// Every live rank publishes its mask in its table head, and a live rank whose mask differs from
+// Every live rank publishes its mask in its head (heads_off), and a live rank whose mask differs from
 // the first live rank's records a mismatch naming it; a rank masked by itself refuses the call.
 //
 // Reuse across calls needs no extra round: a rank writes into rank d's window (grouped rows,

@@ -14,8 +14,9 @@
 //                           t there, with a record of each slot's local expert there (-1: not
 //                           there) -- every token gets a record at every live rank; signal done
 //   4. check    (every CTA) wait for every live rank's done (which follows its head); the heads of
-//                           this call: a shape or mask that differs from the first live rank's, or a
-//                           refusal, records the same fault everywhere and nothing is filed
+//                           this call (check_heads): a shape or mask that differs from the first
+//                           live rank's, a token count above max_tokens, or a refusal records the
+//                           same fault everywhere and nothing is filed
 //   5. plan     (every CTA) rank the received slots per local expert in (source, token, slot)
 //                           order, in shared memory; aligned starts per expert (CTA 0 writes the
 //                           counts, offsets, and where each source's records start)
